@@ -1,0 +1,24 @@
+# `make demo` and `make test` set everything up on a fresh machine, then run.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test clean
+
+demo: $(INSTALLED)
+	@mkdir -p demo-out
+	$(BIN)/detsweep optimizer configs/quickstart.yaml --plot demo-out/lr_schedule.png
+
+test: $(INSTALLED)
+	$(BIN)/python -m pytest
+
+# Reinstalls when pyproject.toml changes; the venv itself is made only when missing.
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+clean:
+	rm -rf demo-out .pytest_cache

@@ -1,0 +1,190 @@
+"""The ``detsweep`` command. Thin: parse arguments, call the library, print.
+
+TensorFlow takes seconds to import, so commands import what they need when they run,
+and ``detsweep --help`` or a config error answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detsweep.errors import DetsweepError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.command(args)
+    except DetsweepError as error:
+        print(f"detsweep: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("detsweep: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="detsweep",
+        description="Hyperparameter sweeps for TensorFlow object detectors on Ray, tracked in MLflow.",
+    )
+    from detsweep import __version__
+
+    parser.add_argument("--version", action="version", version=f"detsweep {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    config = _command(commands, "config", show_config, "validate a trial config and print it with every default")
+    _config_arguments(config)
+    config.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+
+    optimizer = _command(commands, "optimizer", show_optimizer, "show the optimizer, moving average and schedule a config builds")
+    _config_arguments(optimizer, what="a detsweep YAML, an OD API pipeline.config or optimizer text proto")
+    optimizer.add_argument("--steps", help="steps to show: 0,4,8 or START:STOP[:STEP] (default: 11 points up to train.num_steps)")
+    optimizer.add_argument("--json", action="store_true", help="print one JSON object")
+    optimizer.add_argument("--plot", metavar="PNG", help="draw the learning-rate schedule into this PNG file")
+
+    odapi = _command(commands, "import-odapi", import_odapi, "convert an OD API pipeline.config into a detsweep YAML")
+    odapi.add_argument("pipeline", help="the OD API pipeline.config (text proto)")
+    odapi.add_argument("-o", "--output", help="write the YAML here (default: print it)")
+    return parser
+
+
+def _command(commands, name: str, run: Command, summary: str) -> argparse.ArgumentParser:
+    sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+    sub.set_defaults(command=run)
+    return sub
+
+
+def _config_arguments(parser: argparse.ArgumentParser, what: str = "a detsweep trial config (YAML)") -> None:
+    parser.add_argument("config", help=what)
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+        help="override a field, e.g. --set optimizer.type=adam (repeatable; values are YAML scalars)",
+    )
+
+
+# --- commands --------------------------------------------------------------------
+
+
+def show_config(args: argparse.Namespace) -> int:
+    from detsweep.config import load_trial_config
+
+    config = load_trial_config(args.config, args.overrides).model_dump(mode="json")
+    print(json.dumps(config, indent=2) if args.json else yaml.safe_dump(config, sort_keys=False), end="")
+    if args.json:
+        print()
+    return 0
+
+
+def show_optimizer(args: argparse.Namespace) -> int:
+    from detsweep.config import load_trial_config
+
+    config = load_trial_config(args.config, args.overrides)
+    steps = parse_steps(args.steps) if args.steps is not None else default_steps(config.train.num_steps)
+    if args.plot and not Path(args.plot).resolve().parent.is_dir():
+        raise DetsweepError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist")
+    from detsweep.optim.report import optimizer_report, plot_schedule
+
+    report = optimizer_report(config, steps)
+    if args.plot:
+        last = max(config.train.num_steps, max(steps))
+        title = f"{Path(args.config).name}: {config.optimizer.learning_rate.type} schedule"
+        plot_schedule(config.optimizer.learning_rate, last, args.plot, title=title)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_optimizer_report(report, config.optimizer.learning_rate.type))
+        if args.plot:
+            print(f"schedule plot: {args.plot}")
+    return 0
+
+
+def import_odapi(args: argparse.Namespace) -> int:
+    from detsweep.config import TrialConfig, validate
+    from detsweep.config.loader import read_text
+    from detsweep.config.odapi import import_pipeline
+
+    imported = import_pipeline(read_text(Path(args.pipeline)), source=args.pipeline)
+    validate(TrialConfig, imported.tree, source=args.pipeline)  # never write a file we would reject
+    header = [f"Imported from {args.pipeline} by `detsweep import-odapi`."] + imported.notes
+    text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(imported.tree, sort_keys=False)
+    for line in imported.not_carried + imported.notes:
+        print(f"detsweep: not carried over: {line}" if line in imported.not_carried else f"detsweep: note: {line}", file=sys.stderr)
+    if args.output:
+        write_atomically(Path(args.output), text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def parse_steps(text: str) -> list[int]:
+    """``0,4,8`` or ``START:STOP[:STEP]`` (Python's range: STOP is excluded)."""
+    try:
+        if ":" in text:
+            parts = [int(part) for part in text.split(":")]
+            if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] <= 0):
+                raise ValueError
+            steps = list(range(*parts))
+        else:
+            steps = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise DetsweepError(f"--steps: found {text!r}, expected 0,4,8 or START:STOP[:STEP] with a positive STEP") from None
+    if not steps or min(steps) < 0:
+        raise DetsweepError(f"--steps: found {text!r}, expected at least one step, none negative")
+    return steps
+
+
+def default_steps(num_steps: int) -> list[int]:
+    stride = max(1, num_steps // 10)
+    return sorted(set(range(0, num_steps + 1, stride)) | {num_steps})
+
+
+def format_optimizer_report(report: dict[str, Any], schedule: str) -> str:
+    hyper = report["hyperparameters"]
+    # Keras's own ema_* settings are inert (use_ema is off: detsweep keeps the average itself).
+    shown = {k: v for k, v in hyper.items() if v not in (None, False) and k != "name" and not k.startswith("ema_")}
+    ema = report["moving_average"]
+    lines = [
+        f"optimizer        keras.optimizers.{report['optimizer']}",
+        "hyperparameters  " + ", ".join(f"{k}={v}" for k, v in shown.items()),
+        "moving average   " + (f"on, decay {ema['decay']}" + (" (dynamic warm-up)" if ema["dynamic"] else "") if ema["enabled"] else "off"),
+        f"schedule         {schedule}",
+        "",
+        f"{'step':>10}  learning rate",
+    ]
+    lines += [f"{step:>10}  {rate:.6g}" for step, rate in zip(report["steps"], report["learning_rate"])]
+    return "\n".join(lines)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder, so a failure leaves nothing half-written."""
+    if not path.parent.is_dir():
+        raise DetsweepError(f"{path}: the folder {path.parent} does not exist")
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

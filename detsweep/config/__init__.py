@@ -1,0 +1,31 @@
+"""Config files in, typed objects out: the only place that reads user configuration."""
+
+from .loader import load_trial_config, parse_override, read_trial_tree, read_yaml_mapping, validate
+from .schema import (
+    DataConfig,
+    DatasetConfig,
+    LearningRateConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ScalingConfig,
+    TrackingConfig,
+    TrainConfig,
+    TrialConfig,
+)
+
+__all__ = [
+    "DataConfig",
+    "DatasetConfig",
+    "LearningRateConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ScalingConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "TrialConfig",
+    "load_trial_config",
+    "parse_override",
+    "read_trial_tree",
+    "read_yaml_mapping",
+    "validate",
+]

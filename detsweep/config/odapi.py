@@ -1,0 +1,296 @@
+"""Import a TF Object Detection API ``pipeline.config`` (or a bare ``optimizer { … }`` block).
+
+The text is parsed by protobuf's own ``text_format`` against a descriptor of the OD API
+fields detsweep uses, built below with the OD API's field names, numbers and proto2
+defaults (so an unset field reads as the OD API's default, e.g. ``decay_steps``
+4000000). Fields outside that subset, such as the body of ``model { ssd { … } }``, are
+passed over, not an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory, text_format
+
+from detsweep.errors import DetsweepError
+
+_PACKAGE = "detsweep.odapi"
+
+# (field name, number, type, default) per message; a type that is not a scalar names a
+# message below; `repeated` marks repeated fields. Taken from the OD API's
+# optimizer.proto, train.proto, pipeline.proto, input_reader.proto, preprocessor.proto.
+_SCALARS = {"float": 2, "int32": 5, "uint32": 13, "bool": 8, "string": 9}
+_MESSAGES: dict[str, list[tuple]] = {
+    "TrainEvalPipelineConfig": [
+        ("model", 1, "DetectionModel"),
+        ("train_config", 2, "TrainConfig"),
+        ("train_input_reader", 3, "InputReader"),
+        ("eval_config", 4, "EvalConfig"),
+        ("eval_input_reader", 5, "InputReader", None, "repeated"),
+        # Not in the OD API: lets a file hold just an `optimizer { … }` block.
+        ("optimizer", 100, "Optimizer"),
+    ],
+    "DetectionModel": [("ssd", 2, "ArchitectureWithClasses"), ("faster_rcnn", 1, "ArchitectureWithClasses"),
+                       ("center_net", 6, "ArchitectureWithClasses")],
+    "ArchitectureWithClasses": [("num_classes", 1, "int32")],
+    "TrainConfig": [
+        ("data_augmentation_options", 2, "PreprocessingStep", None, "repeated"),
+        ("optimizer", 4, "Optimizer"),
+        ("gradient_clipping_by_norm", 5, "float", 0.0),
+        ("fine_tune_checkpoint", 7, "string"),
+        ("fine_tune_checkpoint_type", 22, "string"),
+        ("from_detection_checkpoint", 8, "bool", False),
+        ("num_steps", 9, "uint32", 0),
+        ("batch_size", 1, "uint32", 32),
+        ("use_bfloat16", 26, "bool", False),
+        ("sync_replicas", 11, "bool", False),
+    ],
+    "EvalConfig": [("num_examples", 2, "uint32", 5000)],
+    "InputReader": [
+        ("label_map_path", 1, "string"),
+        ("shuffle", 2, "bool", True),
+        ("tf_record_input_reader", 8, "TFRecordInputReader"),
+    ],
+    "TFRecordInputReader": [("input_path", 1, "string", None, "repeated")],
+    "PreprocessingStep": [
+        ("normalize_image", 1, "Empty"),
+        ("random_horizontal_flip", 2, "RandomHorizontalFlip"),
+        ("random_pixel_value_scale", 3, "Empty"),
+        ("random_image_scale", 4, "Empty"),
+        ("random_rgb_to_gray", 5, "Empty"),
+        ("random_adjust_brightness", 6, "Empty"),
+        ("random_adjust_contrast", 7, "Empty"),
+        ("random_adjust_hue", 8, "Empty"),
+        ("random_adjust_saturation", 9, "Empty"),
+        ("random_distort_color", 10, "Empty"),
+        ("random_jitter_boxes", 11, "Empty"),
+        ("random_crop_image", 12, "Empty"),
+        ("random_pad_image", 13, "Empty"),
+        ("random_crop_pad_image", 14, "Empty"),
+        ("random_crop_to_aspect_ratio", 15, "Empty"),
+        ("random_black_patches", 16, "Empty"),
+        ("random_resize_method", 17, "Empty"),
+        ("scale_boxes_to_pixel_coordinates", 18, "Empty"),
+        ("resize_image", 19, "Empty"),
+        ("subtract_channel_mean", 20, "Empty"),
+        ("ssd_random_crop", 21, "Empty"),
+        ("ssd_random_crop_pad", 22, "Empty"),
+        ("ssd_random_crop_fixed_aspect_ratio", 23, "Empty"),
+        ("random_vertical_flip", 25, "Empty"),
+        ("random_rotation90", 26, "Empty"),
+        ("random_scale_crop_and_pad_to_square", 33, "Empty"),
+    ],
+    "RandomHorizontalFlip": [("probability", 2, "float", 0.5)],
+    "Empty": [],
+    "Optimizer": [
+        ("rms_prop_optimizer", 1, "RMSPropOptimizer"),
+        ("momentum_optimizer", 2, "MomentumOptimizer"),
+        ("adam_optimizer", 3, "AdamOptimizer"),
+        ("use_moving_average", 4, "bool", True),
+        ("moving_average_decay", 5, "float", 0.9999),
+    ],
+    "RMSPropOptimizer": [
+        ("learning_rate", 1, "LearningRate"),
+        ("momentum_optimizer_value", 2, "float", 0.9),
+        ("decay", 3, "float", 0.9),
+        ("epsilon", 4, "float", 1.0),
+    ],
+    "MomentumOptimizer": [("learning_rate", 1, "LearningRate"), ("momentum_optimizer_value", 2, "float", 0.9)],
+    "AdamOptimizer": [("learning_rate", 1, "LearningRate"), ("epsilon", 2, "float", 1e-8)],
+    "LearningRate": [
+        ("constant_learning_rate", 1, "ConstantLearningRate"),
+        ("exponential_decay_learning_rate", 2, "ExponentialDecayLearningRate"),
+        ("manual_step_learning_rate", 3, "ManualStepLearningRate"),
+        ("cosine_decay_learning_rate", 4, "CosineDecayLearningRate"),
+    ],
+    "ConstantLearningRate": [("learning_rate", 1, "float", 0.002)],
+    "ExponentialDecayLearningRate": [
+        ("initial_learning_rate", 1, "float", 0.002),
+        ("decay_steps", 2, "uint32", 4000000),
+        ("decay_factor", 3, "float", 0.95),
+        ("staircase", 4, "bool", True),
+        ("burnin_learning_rate", 5, "float", 0.0),
+        ("burnin_steps", 6, "uint32", 0),
+        ("min_learning_rate", 7, "float", 0.0),
+    ],
+    "ManualStepLearningRate": [
+        ("initial_learning_rate", 1, "float", 0.002),
+        ("schedule", 2, "ManualStep", None, "repeated"),
+        ("warmup", 3, "bool", False),
+    ],
+    "ManualStep": [("step", 1, "uint32"), ("learning_rate", 2, "float", 0.002)],
+    "CosineDecayLearningRate": [
+        ("learning_rate_base", 1, "float", 0.002),
+        ("total_steps", 2, "uint32", 4000000),
+        ("warmup_learning_rate", 3, "float", 0.0002),
+        ("warmup_steps", 4, "uint32", 10000),
+        ("hold_base_rate_steps", 5, "uint32", 0),
+    ],
+}
+# Oneofs whose members are mutually exclusive in the OD API.
+_ONEOFS = {
+    "Optimizer": ("optimizer", ["rms_prop_optimizer", "momentum_optimizer", "adam_optimizer"]),
+    "LearningRate": ("learning_rate", [name for name, *_ in _MESSAGES["LearningRate"]]),
+    "DetectionModel": ("model", ["ssd", "faster_rcnn", "center_net"]),
+}
+
+
+def _build_classes() -> dict[str, type[message.Message]]:
+    proto = descriptor_pb2.FileDescriptorProto(name="detsweep_odapi_subset.proto", package=_PACKAGE, syntax="proto2")
+    for name, fields in _MESSAGES.items():
+        msg = proto.message_type.add(name=name)
+        oneof_name, members = _ONEOFS.get(name, (None, []))
+        if oneof_name:
+            msg.oneof_decl.add(name=oneof_name)
+        for field_name, number, kind, *rest in fields:
+            default, label = (rest + [None, None])[:2]
+            spec = msg.field.add(name=field_name, number=number)
+            spec.label = spec.LABEL_REPEATED if label == "repeated" else spec.LABEL_OPTIONAL
+            if kind in _SCALARS:
+                spec.type = _SCALARS[kind]
+                if default is not None:
+                    spec.default_value = str(default).lower() if kind == "bool" else str(default)
+            else:
+                spec.type = spec.TYPE_MESSAGE
+                spec.type_name = f".{_PACKAGE}.{kind}"
+            if field_name in members:
+                spec.oneof_index = 0
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")) for name in _MESSAGES}
+
+
+_CLASSES = _build_classes()
+
+
+@dataclass
+class Imported:
+    """A detsweep config tree converted from OD API text, and what could not be carried over."""
+
+    tree: dict[str, Any]
+    not_carried: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def parse(text: str, message_name: str, source: str) -> message.Message:
+    """Parse OD API text format into one of the subset's messages, skipping unknown fields."""
+    parsed = _CLASSES[message_name]()
+    try:
+        text_format.Parse(text, parsed, allow_unknown_field=True)
+    except text_format.ParseError as error:
+        raise DetsweepError(f"{source}: not a valid OD API text proto: {error}") from None
+    return parsed
+
+
+def import_pipeline(text: str, source: str = "pipeline.config") -> Imported:
+    """Convert a pipeline.config, an ``optimizer { … }`` block or a bare Optimizer body."""
+    pipeline = parse(text, "TrainEvalPipelineConfig", source)
+    train = pipeline.train_config
+    if pipeline.HasField("optimizer"):
+        optimizer = pipeline.optimizer
+    elif pipeline.HasField("train_config"):
+        optimizer = train.optimizer
+    else:  # the body of an Optimizer message, as in the OD API's own tests
+        optimizer = parse(text, "Optimizer", source)
+    imported = Imported(tree={"optimizer": convert_optimizer(optimizer, source)})
+    if pipeline.HasField("train_config"):
+        _carry_train_config(train, imported)
+    _carry_model(pipeline, imported)
+    _carry_inputs(pipeline, imported)
+    return imported
+
+
+def convert_optimizer(optimizer: message.Message, source: str) -> dict[str, Any]:
+    """An OD API ``Optimizer`` message as a detsweep ``optimizer`` section."""
+    kind = optimizer.WhichOneof("optimizer")
+    if kind is None:
+        # optimizer_builder raises on an empty optimizer; so do we.
+        raise DetsweepError(f"{source}: optimizer: found no optimizer type, expected one of "
+                            "rms_prop_optimizer, momentum_optimizer, adam_optimizer")
+    body = getattr(optimizer, kind)
+    section: dict[str, Any] = {"type": kind.removesuffix("_optimizer")}
+    for name in ("momentum_optimizer_value", "decay", "epsilon"):
+        if name in body.DESCRIPTOR.fields_by_name:
+            section[name] = _clean(getattr(body, name))
+    section["learning_rate"] = _convert_learning_rate(body.learning_rate)
+    section["use_moving_average"] = optimizer.use_moving_average
+    section["moving_average_decay"] = _clean(optimizer.moving_average_decay)
+    return section
+
+
+def _convert_learning_rate(rate: message.Message) -> dict[str, Any]:
+    kind = rate.WhichOneof("learning_rate") or "constant_learning_rate"
+    body = getattr(rate, kind)
+    section: dict[str, Any] = {"type": kind.removesuffix("_learning_rate").replace("cosine_decay", "cosine")}
+    for spec in body.DESCRIPTOR.fields:
+        if spec.name == "schedule":
+            section["schedule"] = [{"step": s.step, "learning_rate": _clean(s.learning_rate)} for s in body.schedule]
+        else:
+            section[spec.name] = _clean(getattr(body, spec.name))
+    return section
+
+
+def _carry_train_config(train: message.Message, imported: Imported) -> None:
+    section = imported.tree.setdefault("train", {})
+    section["batch_size"] = train.batch_size
+    if train.num_steps:
+        section["num_steps"] = train.num_steps
+    else:
+        imported.not_carried.append("train_config.num_steps is 0 (train forever): detsweep's default num_steps is used")
+    if train.gradient_clipping_by_norm:
+        section["gradient_clipping_by_norm"] = _clean(train.gradient_clipping_by_norm)
+    if train.use_bfloat16:
+        section["mixed_precision"] = "mixed_bfloat16"
+    if train.fine_tune_checkpoint:
+        imported.notes.append(f"fine_tune_checkpoint: {train.fine_tune_checkpoint} "
+                              "(kept as a note: use `detsweep finetune --from checkpoint:PATH` to start from it)")
+    for option in train.data_augmentation_options:
+        kind = _set_field(option)
+        if kind == "random_horizontal_flip":
+            augmentation = imported.tree.setdefault("data", {}).setdefault("augmentation", {})
+            augmentation["random_horizontal_flip"] = _clean(option.random_horizontal_flip.probability)
+        elif kind:
+            imported.not_carried.append(f"train_config.data_augmentation_options.{kind}: not supported by detsweep")
+    if train.sync_replicas:
+        imported.not_carried.append("train_config.sync_replicas: detsweep always trains synchronously")
+
+
+def _carry_model(pipeline: message.Message, imported: Imported) -> None:
+    if not pipeline.HasField("model"):
+        return
+    architecture = pipeline.model.WhichOneof("model")
+    if architecture is None:
+        return
+    num_classes = getattr(pipeline.model, architecture).num_classes
+    if num_classes:
+        imported.tree.setdefault("model", {})["num_classes"] = num_classes
+    imported.not_carried.append(
+        f"model.{architecture}: the architecture is not carried over (detsweep trains model.name, "
+        "keras-hub RetinaNet); only num_classes is"
+    )
+
+
+def _carry_inputs(pipeline: message.Message, imported: Imported) -> None:
+    readers = [("train", pipeline.train_input_reader)] if pipeline.HasField("train_input_reader") else []
+    readers += [("val", reader) for reader in pipeline.eval_input_reader[:1]]
+    for split, reader in readers:
+        paths = list(reader.tf_record_input_reader.input_path)
+        if not paths:
+            imported.not_carried.append(f"{split} input reader: only tf_record_input_reader is supported")
+            continue
+        dataset = {"format": "tfrecord", "annotations": ",".join(paths)}
+        if reader.label_map_path:
+            dataset["label_map"] = reader.label_map_path
+        imported.tree.setdefault("data", {})[split] = dataset
+
+
+def _set_field(msg: message.Message) -> str | None:
+    fields = msg.ListFields()
+    return fields[0][0].name if fields else None
+
+
+def _clean(value: Any) -> Any:
+    """float32 fields read back as e.g. 0.004000000189989805; give people the number they wrote."""
+    return float(f"{value:.7g}") if isinstance(value, float) else value

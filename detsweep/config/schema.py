@@ -1,0 +1,282 @@
+"""The trial configuration: one typed, frozen object per YAML file.
+
+Every section is a pydantic model that rejects unknown keys. Values are checked
+here, once; code that receives a :class:`TrialConfig` trusts it.
+
+Names and defaults in ``optimizer`` follow the TF Object Detection API's
+``optimizer.proto`` so that an OD API user's numbers mean the same thing here.
+Where the OD API nests one message per optimizer and per schedule, detsweep keeps
+one flat section with a ``type`` selector, so that a sweep can vary the type and
+each number independently (see the README's mapping table).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+def invalid(field: str, found: Any, expected: str) -> PydanticCustomError:
+    """An error about ``field`` of the model being validated, for cross-field checks.
+
+    The loader turns it into ``path.to.field: found X, expected Y``.
+    """
+    return PydanticCustomError("detsweep", "{expected}", {"field": field, "found": found, "expected": expected})
+
+
+def _aliases(table: dict[str, str]) -> BeforeValidator:
+    return BeforeValidator(lambda value: table.get(value, value) if isinstance(value, str) else value)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- optimizer -----------------------------------------------------------------
+
+ScheduleType = Literal["constant", "exponential_decay", "cosine", "manual_step"]
+OptimizerType = Literal["sgd", "momentum", "adam", "adamw", "rms_prop"]
+
+# The OD API's oneof names are accepted too, so its users can write what they know.
+SCHEDULE_ALIASES = {
+    "constant_learning_rate": "constant",
+    "exponential_decay_learning_rate": "exponential_decay",
+    "cosine_decay_learning_rate": "cosine",
+    "cosine_decay": "cosine",
+    "manual_step_learning_rate": "manual_step",
+}
+OPTIMIZER_ALIASES = {
+    "momentum_optimizer": "momentum",
+    "adam_optimizer": "adam",
+    "rms_prop_optimizer": "rms_prop",
+    "rmsprop": "rms_prop",
+}
+# The OD API's defaults for epsilon differ from Keras's (1e-7) and between optimizers.
+DEFAULT_EPSILON = {"adam": 1e-8, "adamw": 1e-8, "rms_prop": 1.0}
+
+
+class ManualStep(Section):
+    step: PosInt
+    learning_rate: NonNegFloat = 0.002
+
+
+class LearningRateConfig(Section):
+    """All four OD API schedules in one section; ``type`` picks the one that is used.
+
+    Fields of the other schedules may be present (a sweep sets them) and are ignored.
+    """
+
+    type: Annotated[ScheduleType, _aliases(SCHEDULE_ALIASES)] = Field(
+        "constant", description="the schedule: constant, exponential_decay, cosine or manual_step"
+    )
+    # constant_learning_rate
+    learning_rate: NonNegFloat = 0.002
+    # exponential_decay_learning_rate (initial_learning_rate is shared with manual_step)
+    initial_learning_rate: NonNegFloat = 0.002
+    decay_steps: PosInt = 4_000_000
+    decay_factor: Annotated[float, Field(gt=0)] = 0.95
+    staircase: bool = True
+    burnin_learning_rate: NonNegFloat = 0.0
+    burnin_steps: NonNegInt = 0
+    min_learning_rate: NonNegFloat = 0.0
+    # cosine_decay_learning_rate
+    learning_rate_base: NonNegFloat = 0.002
+    total_steps: NonNegInt = 4_000_000
+    warmup_learning_rate: NonNegFloat = 0.0002
+    warmup_steps: NonNegInt = 10_000
+    hold_base_rate_steps: NonNegInt = 0
+    # manual_step_learning_rate
+    schedule: list[ManualStep] = Field(default_factory=list, description="a list of {step, learning_rate}")
+    warmup: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schedule_name_as_type(cls, data: Any) -> Any:
+        # `schedule: cosine` reads naturally in a sweep; a list under `schedule` stays
+        # the OD API's manual steps.
+        if isinstance(data, dict) and isinstance(data.get("schedule"), str):
+            data = dict(data)
+            name = data.pop("schedule")
+            if "type" in data and SCHEDULE_ALIASES.get(data["type"], data["type"]) != SCHEDULE_ALIASES.get(name, name):
+                raise invalid("schedule", name, f"the same schedule as type ({data['type']!r}), or only one of the two")
+            data["type"] = name
+        return data
+
+    @model_validator(mode="after")
+    def _check_chosen_schedule(self) -> LearningRateConfig:
+        if self.type == "cosine":
+            self._check_cosine()
+        elif self.type == "manual_step":
+            self._check_manual_steps()
+        return self
+
+    def _check_cosine(self) -> None:
+        default = "" if "warmup_steps" in self.model_fields_set else " (the OD API default)"
+        if self.warmup_steps > self.total_steps:
+            raise invalid("warmup_steps", self.warmup_steps, f"<= total_steps ({self.total_steps}){default}")
+        if self.warmup_steps + self.hold_base_rate_steps >= self.total_steps:
+            raise invalid(
+                "hold_base_rate_steps",
+                self.hold_base_rate_steps,
+                f"< total_steps - warmup_steps ({self.total_steps - self.warmup_steps}), so that the decay has steps left",
+            )
+        if self.warmup_steps > 0 and self.warmup_learning_rate > self.learning_rate_base:
+            raise invalid(
+                "warmup_learning_rate", self.warmup_learning_rate, f"<= learning_rate_base ({self.learning_rate_base})"
+            )
+
+    def _check_manual_steps(self) -> None:
+        steps = [entry.step for entry in self.schedule]
+        for i in range(1, len(steps)):
+            if steps[i] <= steps[i - 1]:
+                raise invalid(f"schedule.{i}.step", steps[i], f"> {steps[i - 1]} (steps must strictly increase)")
+
+    @property
+    def peak(self) -> float:
+        """The schedule's base rate: the number a sweep over 'the learning rate' means."""
+        return {
+            "constant": self.learning_rate,
+            "exponential_decay": self.initial_learning_rate,
+            "cosine": self.learning_rate_base,
+            "manual_step": max([self.initial_learning_rate] + [s.learning_rate for s in self.schedule]),
+        }[self.type]
+
+
+class OptimizerConfig(Section):
+    type: Annotated[OptimizerType, _aliases(OPTIMIZER_ALIASES)] = Field(
+        description="the optimizer: sgd, momentum, adam, adamw or rms_prop (the OD API has no default either)"
+    )
+    learning_rate: LearningRateConfig = LearningRateConfig()
+    momentum_optimizer_value: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    decay: Fraction = Field(0.9, description="rms_prop's discounting factor (Keras rho)")
+    epsilon: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="None means the OD API default: 1e-8 for adam and adamw, 1.0 for rms_prop"
+    )
+    weight_decay: NonNegFloat = Field(0.004, description="adamw's decoupled weight decay (the Keras default)")
+    use_moving_average: bool = True
+    moving_average_decay: Fraction = 0.9999
+    moving_average_dynamic_decay: bool = Field(
+        False, description="EfficientDet's warm-up: decay = min(decay, (1 + step) / (10 + step))"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epsilon_default_of_type(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("epsilon") is None:
+            kind = OPTIMIZER_ALIASES.get(data.get("type"), data.get("type"))
+            if kind in DEFAULT_EPSILON:
+                data = {**data, "epsilon": DEFAULT_EPSILON[kind]}
+        return data
+
+
+# --- data, model, training, scaling, tracking ------------------------------------
+
+
+class DatasetConfig(Section):
+    format: Literal["coco", "voc", "tfrecord", "synthetic"] = "synthetic"
+    annotations: str | None = Field(
+        None, description="COCO: the instances JSON; VOC: the folder of XML files; tfrecord: the record file(s)"
+    )
+    images: str | None = Field(None, description="the image folder (COCO, VOC)")
+    label_map: str | None = Field(None, description="an OD API label map .pbtxt (tfrecord, VOC)")
+    num_images: PosInt = Field(64, description="synthetic only")
+    image_size: PosInt = Field(128, description="synthetic only")
+    classes: PosInt = Field(3, description="synthetic only")
+    seed: int = 0
+    skip_empty: bool = Field(False, description="drop images without boxes instead of training on them")
+
+    @model_validator(mode="after")
+    def _check_paths_for_format(self) -> DatasetConfig:
+        needed = {"coco": ("annotations", "images"), "voc": ("annotations",), "tfrecord": ("annotations",)}
+        for field in needed.get(self.format, ()):
+            if getattr(self, field) is None:
+                raise invalid(field, None, f"a path (format {self.format} needs {' and '.join(needed[self.format])})")
+        return self
+
+
+class AugmentationConfig(Section):
+    random_horizontal_flip: Probability = Field(0.0, description="probability of a flip (the OD API's default is 0.5)")
+
+
+class DataConfig(Section):
+    train: DatasetConfig = DatasetConfig()
+    val: DatasetConfig | None = None
+    augmentation: AugmentationConfig = AugmentationConfig()
+
+
+class ModelConfig(Section):
+    name: Literal["retinanet"] = "retinanet"
+    backbone: str = "resnet_tiny"
+    image_size: PosInt = 128
+    num_classes: PosInt | None = Field(None, description="None: the number of categories in the training data")
+    weights: str = Field("none", description="'none' or a keras-hub preset name")
+
+
+class TrainConfig(Section):
+    batch_size: PosInt = Field(8, description="the global batch, split evenly across workers (as in the OD API)")
+    num_steps: PosInt = 1000
+    steps_per_loop: PosInt = 10
+    eval_every: NonNegInt = Field(0, description="0: evaluate only at the end")
+    checkpoint_every: NonNegInt = Field(0, description="0: checkpoint only at the end")
+    mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
+    gradient_clipping_by_norm: NonNegFloat = Field(0.0, description="0: no clipping (as in the OD API)")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_loop_boundaries(self) -> TrainConfig:
+        # Python only runs between loops, so evaluation and checkpoints happen there.
+        for field in ("eval_every", "checkpoint_every"):
+            value = getattr(self, field)
+            if value % self.steps_per_loop:
+                raise invalid(field, value, f"a multiple of train.steps_per_loop ({self.steps_per_loop})")
+        return self
+
+
+class ScalingConfig(Section):
+    num_workers: PosInt = 1
+    use_gpu: bool = False
+    cpus_per_worker: Annotated[float, Field(gt=0)] = 1.0
+    gpus_per_worker: NonNegFloat = Field(1.0, description="used only with use_gpu")
+    use_tpu: bool = False
+    topology: str | None = Field(None, description="TPU slice topology, e.g. 2x2x2 (use_tpu)")
+    accelerator_type: str | None = Field(None, description="e.g. A100 or TPU-V4; None: any")
+
+    @model_validator(mode="after")
+    def _one_accelerator(self) -> ScalingConfig:
+        if self.use_gpu and self.use_tpu:
+            raise invalid("use_tpu", True, "false when use_gpu is true (one accelerator kind per trial)")
+        return self
+
+
+class TrackingConfig(Section):
+    uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    experiment: str | None = Field(None, description="None: the sweep's name")
+
+
+class TrialConfig(Section):
+    """Everything one training run needs."""
+
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    optimizer: OptimizerConfig = Field(description="an optimizer section with a type (the OD API requires one)")
+    scaling: ScalingConfig = ScalingConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _batch_splits_across_workers(self) -> TrialConfig:
+        if self.train.batch_size % self.scaling.num_workers:
+            raise invalid(
+                "train.batch_size",
+                self.train.batch_size,
+                f"a multiple of scaling.num_workers ({self.scaling.num_workers})",
+            )
+        return self

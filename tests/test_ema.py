@@ -1,0 +1,105 @@
+"""The moving average: tf.train.ExponentialMovingAverage's maths, exact swaps, checkpoints."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from detsweep.optim import MovingAverage
+
+
+def small_model() -> keras.Model:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()])
+    model(np.zeros((1, 3), np.float32))
+    return model
+
+
+def perturb(model: keras.Model, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        weight.assign(weight.numpy() + rng.normal(size=weight.shape).astype(np.float32))
+
+
+def test_average_equals_hand_computation_after_n_steps():
+    model = small_model()
+    ema = MovingAverage.of_model(model, decay=0.9)
+    expected = [w.numpy().copy() for w in model.weights]
+    for step in range(5):
+        perturb(model, seed=step)
+        ema.update(step)
+        expected = [0.9 * avg + 0.1 * w.numpy() for avg, w in zip(expected, model.weights)]
+    for average, want in zip(ema.averages, expected):
+        np.testing.assert_allclose(average.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_batch_norm_statistics_are_averaged_too():
+    model = small_model()
+    ema = MovingAverage.of_model(model, decay=0.5)
+    names = {w.path for w in ema._weights}
+    assert any("moving_mean" in name for name in names) and any("kernel" in name for name in names)
+
+
+def test_dynamic_decay_warms_up_then_caps():
+    ema = MovingAverage([tf.Variable(0.0)], decay=0.9999, dynamic=True)
+    for step in [0, 1, 10, 100, 10**6]:
+        assert float(ema.decay_at(step)) == pytest.approx(min(0.9999, (1 + step) / (10 + step)), rel=1e-6)
+    assert float(MovingAverage([tf.Variable(0.0)], decay=0.5).decay_at(0)) == 0.5
+
+
+def test_dynamic_decay_hand_computation():
+    weight = tf.Variable(0.0)
+    ema = MovingAverage([weight], decay=0.99, dynamic=True)
+    expected = 0.0
+    for step, value in enumerate([1.0, 2.0, 3.0]):
+        weight.assign(value)
+        ema.update(step)
+        decay = min(0.99, (1 + step) / (10 + step))
+        expected = decay * expected + (1 - decay) * value
+    assert float(ema.averages[0]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_swap_in_and_out_restores_raw_weights_exactly():
+    model = small_model()
+    ema = MovingAverage.of_model(model, decay=0.7)
+    for step in range(3):
+        perturb(model, seed=10 + step)
+        ema.update(step)
+    raw = [w.numpy().copy() for w in model.weights]
+    averaged = [a.numpy().copy() for a in ema.averages]
+    x = np.ones((2, 3), np.float32)
+    with ema.averaged_weights():
+        for weight, average in zip(model.weights, averaged):
+            np.testing.assert_array_equal(weight.numpy(), average)
+        output_averaged = model(x).numpy()
+    for weight, before in zip(model.weights, raw):
+        np.testing.assert_array_equal(weight.numpy(), before)
+    assert not np.allclose(output_averaged, model(x).numpy())
+
+
+def test_averages_are_saved_in_checkpoints(tmp_path):
+    model = small_model()
+    ema = MovingAverage.of_model(model, decay=0.5)
+    perturb(model, seed=1)
+    ema.update(0)
+    path = tf.train.Checkpoint(model=model, moving_average=ema).write(str(tmp_path / "ckpt"))
+
+    restored_model = small_model()
+    restored = MovingAverage.of_model(restored_model, decay=0.5)
+    tf.train.Checkpoint(model=restored_model, moving_average=restored).read(path).assert_consumed()
+    for a, b in zip(ema.averages, restored.averages):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_update_inside_tf_function_under_a_strategy():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        weight = tf.Variable([1.0, 2.0])
+        ema = MovingAverage([weight], decay=0.5)
+
+    @tf.function
+    def train_step(step):
+        strategy.run(lambda: weight.assign_add([2.0, 2.0]))
+        ema.update(step)
+
+    train_step(tf.constant(0))
+    np.testing.assert_allclose(ema.averages[0].numpy(), [2.0, 3.0])
