@@ -33,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("detsweep: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `detsweep … | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +57,25 @@ def build_parser() -> argparse.ArgumentParser:
     optimizer.add_argument("--steps", help="steps to show: 0,4,8 or START:STOP[:STEP] (default: 11 points up to train.num_steps)")
     optimizer.add_argument("--json", action="store_true", help="print one JSON object")
     optimizer.add_argument("--plot", metavar="PNG", help="draw the learning-rate schedule into this PNG file")
+
+    train = _command(commands, "train", train_command, "train one config through Ray Train (a local Ray cluster unless --address)")
+    _config_arguments(train)
+    train.add_argument("--address", help="a running Ray cluster, e.g. ray://head:10001 or auto (default: start a local one)")
+    train.add_argument("--name", help="the run's name in Ray's storage (default: the config's file name and the time)")
+    train.add_argument("--storage", help="where Ray keeps results and checkpoints (default: ~/ray_results)")
+    train.add_argument("--json", action="store_true", help='print {"steps", "metrics", "checkpoint"} at the end')
+
+    evaluate = _command(commands, "eval", eval_command, "COCO-evaluate a checkpoint, or score a COCO results file")
+    evaluate.add_argument("--checkpoint", help="a detsweep checkpoint directory (evaluated on its config's data.val)")
+    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                          help="override the checkpoint's config, e.g. --set data.val.annotations=other.json")
+    evaluate.add_argument("--detections", help="a COCO results JSON to score (with --annotations)")
+    evaluate.add_argument("--annotations", help="the COCO ground-truth JSON for --detections")
+    evaluate.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+
+    from detsweep.data.commands import add_data_commands
+
+    add_data_commands(commands)
 
     odapi = _command(commands, "import-odapi", import_odapi, "convert an OD API pipeline.config into a detsweep YAML")
     odapi.add_argument("pipeline", help="the OD API pipeline.config (text proto)")
@@ -108,6 +130,46 @@ def show_optimizer(args: argparse.Namespace) -> int:
         print(format_optimizer_report(report, config.optimizer.learning_rate.type))
         if args.plot:
             print(f"schedule plot: {args.plot}")
+    return 0
+
+
+def train_command(args: argparse.Namespace) -> int:
+    import time
+
+    from detsweep.config import load_trial_config
+    from detsweep.trainables.trainer import check_data, run_train
+
+    config = load_trial_config(args.config, args.overrides)
+    for line in check_data(config):
+        print(line, file=sys.stderr)
+    name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    outcome = run_train(config, name, address=args.address, storage_path=args.storage, progress=not args.json)
+    if outcome.error:
+        print(f"detsweep: training failed: {outcome.error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"steps": outcome.steps, "metrics": outcome.metrics, "checkpoint": outcome.checkpoint}))
+    else:
+        shown = {k: v for k, v in outcome.metrics.items() if k.startswith("eval")}
+        print("\n".join([f"finished at step {outcome.steps}"] + [f"  {k:<22} {v:.4f}" for k, v in sorted(shown.items())]
+                        + [f"checkpoint: {outcome.checkpoint}"]))
+    return 0
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    if bool(args.checkpoint) == bool(args.detections):
+        raise DetsweepError("detsweep eval: give either --checkpoint DIR or --detections FILE --annotations FILE")
+    if args.detections:
+        from detsweep.evaluation.files import score_files
+
+        if not args.annotations:
+            raise DetsweepError("--detections needs --annotations (the COCO ground truth)")
+        metrics = score_files(args.detections, args.annotations)
+    else:
+        from detsweep.train.evaluate import evaluate_checkpoint
+
+        metrics = evaluate_checkpoint(args.checkpoint, args.overrides)
+    print(json.dumps(metrics) if args.json else "\n".join(f"{k:<22} {v:.4f}" for k, v in metrics.items()))
     return 0
 
 

@@ -21,7 +21,7 @@ def test_json_report_has_exactly_the_documented_keys(capsys):
     assert report["hyperparameters"]["momentum"] == pytest.approx(0.9)
     assert report["moving_average"] == {"enabled": True, "decay": 0.99, "dynamic": True}
     assert report["steps"] == [0, 10, 20, 30]
-    assert report["learning_rate"] == pytest.approx([0.001, 0.004, 0.007, 0.01], rel=1e-5)
+    assert report["learning_rate"] == pytest.approx([0.004, 0.016, 0.028, 0.04], rel=1e-5)
 
 
 def test_text_report_and_plot(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from .loader import load_trial_config, parse_override, read_trial_tree, read_yaml_mapping, validate
 from .schema import (
+    AugmentationConfig,
     DataConfig,
     DatasetConfig,
     LearningRateConfig,
@@ -14,6 +15,7 @@ from .schema import (
 )
 
 __all__ = [
+    "AugmentationConfig",
     "DataConfig",
     "DatasetConfig",
     "LearningRateConfig",

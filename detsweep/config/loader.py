@@ -25,9 +25,33 @@ Model = TypeVar("Model", bound=BaseModel)
 ODAPI_SUFFIXES = {".config", ".pbtxt", ".txt", ".prototxt"}
 
 
+# Dataset paths: relative ones are taken from the config file's folder (from the current
+# folder for --set), and stored absolute, so Ray workers in other folders find the files.
+DATA_PATH = re.compile(r"(^|\.)data\.(train|val)\.(annotations|images|label_map)$")
+
+
 def load_trial_config(path: str | Path, overrides: Iterable[str] = ()) -> TrialConfig:
     """Read a detsweep YAML file or an OD API pipeline.config, apply ``--set`` overrides, validate."""
-    return validate(TrialConfig, read_trial_tree(path), source=str(path), overrides=overrides)
+    tree = read_trial_tree(path)
+    resolve_data_paths(tree, Path(path).parent)
+    return validate(TrialConfig, tree, source=str(path), overrides=overrides)
+
+
+def resolve_data_paths(tree: dict[str, Any], base: Path, prefix: str = "") -> None:
+    """Make the dataset paths under ``tree`` (at ``prefix``, e.g. ``base.``) absolute, in place."""
+    for split in ("train", "val"):
+        dataset = tree
+        for key in f"{prefix}data.{split}".split("."):
+            dataset = dataset.get(key) if isinstance(dataset, dict) else None
+        for field in ("annotations", "images", "label_map"):
+            if isinstance(dataset, dict) and isinstance(dataset.get(field), str):
+                dataset[field] = absolute_path(dataset[field], base)
+
+
+def absolute_path(value: str, base: Path) -> str:
+    """Each comma-separated part made absolute against ``base``; URIs (gs://, s3://) stay as they are."""
+    parts = [p if "://" in p or Path(p).is_absolute() else str(Path(base, p).resolve()) for p in value.split(",")]
+    return ",".join(parts)
 
 
 def read_trial_tree(path: str | Path) -> dict[str, Any]:
@@ -68,7 +92,12 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 def validate(model: type[Model], tree: Mapping[str, Any], source: str, overrides: Iterable[str] = ()) -> Model:
     """Apply ``--set`` overrides to ``tree`` and validate it into ``model``."""
     tree = _deep_copy(tree)
-    overridden = {set_path(tree, *parse_override(text)): text for text in overrides}
+    overridden = {}
+    for text in overrides:
+        path, value = parse_override(text)
+        if DATA_PATH.search(path) and isinstance(value, str):
+            value = absolute_path(value, Path.cwd())
+        overridden[set_path(tree, path, value)] = text
     try:
         return model.model_validate(tree)
     except ValidationError as error:

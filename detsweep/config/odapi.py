@@ -12,16 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory, text_format
+from google.protobuf import message, text_format
 
 from detsweep.errors import DetsweepError
+from detsweep.textproto import build_message_classes
 
 _PACKAGE = "detsweep.odapi"
 
-# (field name, number, type, default) per message; a type that is not a scalar names a
-# message below; `repeated` marks repeated fields. Taken from the OD API's
-# optimizer.proto, train.proto, pipeline.proto, input_reader.proto, preprocessor.proto.
-_SCALARS = {"float": 2, "int32": 5, "uint32": 13, "bool": 8, "string": 9}
+# (field name, number, type, default) per message, as detsweep.textproto reads them; a
+# type that is not a scalar names a message below; `repeated` marks repeated fields. Taken
+# from the OD API's optimizer.proto, train.proto, pipeline.proto, input_reader.proto,
+# preprocessor.proto.
 _MESSAGES: dict[str, list[tuple]] = {
     "TrainEvalPipelineConfig": [
         ("model", 1, "DetectionModel"),
@@ -137,32 +138,7 @@ _ONEOFS = {
 }
 
 
-def _build_classes() -> dict[str, type[message.Message]]:
-    proto = descriptor_pb2.FileDescriptorProto(name="detsweep_odapi_subset.proto", package=_PACKAGE, syntax="proto2")
-    for name, fields in _MESSAGES.items():
-        msg = proto.message_type.add(name=name)
-        oneof_name, members = _ONEOFS.get(name, (None, []))
-        if oneof_name:
-            msg.oneof_decl.add(name=oneof_name)
-        for field_name, number, kind, *rest in fields:
-            default, label = (rest + [None, None])[:2]
-            spec = msg.field.add(name=field_name, number=number)
-            spec.label = spec.LABEL_REPEATED if label == "repeated" else spec.LABEL_OPTIONAL
-            if kind in _SCALARS:
-                spec.type = _SCALARS[kind]
-                if default is not None:
-                    spec.default_value = str(default).lower() if kind == "bool" else str(default)
-            else:
-                spec.type = spec.TYPE_MESSAGE
-                spec.type_name = f".{_PACKAGE}.{kind}"
-            if field_name in members:
-                spec.oneof_index = 0
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")) for name in _MESSAGES}
-
-
-_CLASSES = _build_classes()
+_CLASSES = build_message_classes("detsweep_odapi_subset.proto", _PACKAGE, _MESSAGES, _ONEOFS)
 
 
 @dataclass

@@ -212,12 +212,33 @@ class DataConfig(Section):
     augmentation: AugmentationConfig = AugmentationConfig()
 
 
+BackboneName = Literal["resnet_tiny", "resnet18", "resnet50"]
+
+
 class ModelConfig(Section):
     name: Literal["retinanet"] = "retinanet"
-    backbone: str = "resnet_tiny"
-    image_size: PosInt = 128
+    backbone: BackboneName = Field("resnet_tiny", description="a built-in encoder (random weights)")
+    weights: str = Field("none", description="'none', or a keras-hub preset whose backbone replaces `backbone`")
+    image_size: PosInt = Field(128, description="images are resized (aspect kept) and padded to this square")
     num_classes: PosInt | None = Field(None, description="None: the number of categories in the training data")
-    weights: str = Field("none", description="'none' or a keras-hub preset name")
+    min_level: Annotated[int, Field(ge=3, le=5)] = 3
+    max_level: Annotated[int, Field(ge=3, le=7)] = 7
+    anchor_size: Annotated[float, Field(gt=0)] = Field(4.0, description="anchor side in units of its level's stride")
+    head_conv_layers: Annotated[int, Field(ge=0, le=4)] = Field(4, description="conv layers before each head")
+    classification_weight: NonNegFloat = Field(1.0, description="the OD API's loss.classification_weight")
+    localization_weight: NonNegFloat = Field(1.0, description="the OD API's loss.localization_weight")
+    score_threshold: Probability = Field(0.05, description="detections below are dropped (COCO convention)")
+    nms_iou_threshold: Probability = 0.5
+    max_detections: PosInt = 100
+
+    @model_validator(mode="after")
+    def _check_pyramid(self) -> ModelConfig:
+        if self.max_level < self.min_level:
+            raise invalid("max_level", self.max_level, f">= min_level ({self.min_level})")
+        stride = 2**self.max_level
+        if self.image_size % stride:
+            raise invalid("image_size", self.image_size, f"a multiple of {stride} (2 ** max_level)")
+        return self
 
 
 class TrainConfig(Section):
@@ -248,6 +269,7 @@ class ScalingConfig(Section):
     use_tpu: bool = False
     topology: str | None = Field(None, description="TPU slice topology, e.g. 2x2x2 (use_tpu)")
     accelerator_type: str | None = Field(None, description="e.g. A100 or TPU-V4; None: any")
+    max_failures: NonNegInt = Field(2, description="worker-group restarts from the last checkpoint before failing")
 
     @model_validator(mode="after")
     def _one_accelerator(self) -> ScalingConfig:

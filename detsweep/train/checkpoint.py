@@ -1,0 +1,48 @@
+"""What a checkpoint holds: model, optimizer (slots and iterations), moving averages and step;
+beside it the as-run config and the category mapping, so it can be evaluated, resumed
+or fine-tuned without anything else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+import yaml
+
+from detsweep.config import TrialConfig
+from detsweep.data import Category
+from detsweep.optim import MovingAverage
+
+PREFIX = "ckpt"
+CONFIG_FILE = "config.yaml"
+META_FILE = "meta.json"
+
+
+class TrainingState:
+    """The trackable state of one training, created under the strategy's scope."""
+
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, moving_average: MovingAverage | None):
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        parts = {"model": model, "optimizer": optimizer, "step": self.step}
+        if moving_average is not None:
+            parts["moving_average"] = moving_average
+        self.checkpoint = tf.train.Checkpoint(**parts)
+
+    def save(self, directory: Path, config: TrialConfig, categories: list[Category]) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.checkpoint.write(str(directory / PREFIX))
+        (directory / CONFIG_FILE).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        meta = {"step": int(self.step.numpy()), "categories": [{"id": c.id, "name": c.name} for c in categories]}
+        (directory / META_FILE).write_text(json.dumps(meta, indent=1))
+        return directory
+
+    def restore(self, directory: Path) -> int:
+        """Load everything from a checkpoint directory; returns the step it was saved at."""
+        self.checkpoint.read(str(Path(directory) / PREFIX)).assert_existing_objects_matched()
+        return int(self.step.numpy())
+
+
+def read_meta(directory: Path) -> dict:
+    return json.loads((Path(directory) / META_FILE).read_text())

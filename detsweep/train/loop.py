@@ -1,0 +1,98 @@
+"""One training run, top to bottom. Every Ray Train worker runs this; so do benchmarks, without Ray."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from detsweep.config import TrialConfig
+from detsweep.data import load_dataset
+from detsweep.data.pipeline import InputSpec, training_dataset
+from detsweep.models import build_model
+from detsweep.optim import MovingAverage, build_optimizer, build_schedule
+
+from .checkpoint import TrainingState
+from .evaluate import Evaluator, is_due
+from .step import make_train_loop
+from .strategy import make_strategy
+
+# report(metrics, checkpoint_dir): the directory exists only during the call; copy what you keep.
+Reporter = Callable[[dict[str, float], "Path | None"], None]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite: the trial cannot go on."""
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    rank: int = 0
+    restore_from: Path | None = None  # a checkpoint directory to resume from
+
+
+def run_training(config: TrialConfig, report: Reporter, context: WorkerContext = WorkerContext()) -> dict[str, float]:
+    """Train ``config`` to ``train.num_steps``, reporting every loop; returns the last metrics."""
+    strategy = make_strategy(config.scaling)  # first: multi-worker strategies need a clean TF runtime
+    keras.mixed_precision.set_global_policy(config.train.mixed_precision)
+    keras.utils.set_random_seed(config.train.seed)
+    train_set = load_dataset(config.data.train, verify=False)  # the driver verified the files
+    val_set = load_dataset(config.data.val, verify=False) if config.data.val else None
+    spec = InputSpec(config.model.image_size)
+    train = config.train
+
+    with strategy.scope():
+        model, losses = build_model(config.model, config.model.num_classes or len(train_set.categories))
+        optimizer = build_optimizer(config.optimizer, clip_norm=train.gradient_clipping_by_norm,
+                                    mixed_precision=train.mixed_precision)
+        optimizer.build(model.trainable_variables)  # slots must exist before a restore
+        average = config.optimizer
+        moving_average = (MovingAverage.of_model(model, average.moving_average_decay, average.moving_average_dynamic_decay)
+                          if average.use_moving_average else None)
+        state = TrainingState(model, optimizer, moving_average)
+    step = state.restore(context.restore_from) if context.restore_from else 0
+
+    def input_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return training_dataset(
+            train_set, spec, config.data.augmentation,
+            batch_size=input_context.get_per_replica_batch_size(train.batch_size),
+            seed=train.seed + 1000 * input_context.input_pipeline_id + step,
+            shard=(input_context.num_input_pipelines, input_context.input_pipeline_id),
+        )
+
+    batches = iter(strategy.distribute_datasets_from_function(input_fn))
+    train_loop = make_train_loop(strategy, model, losses, optimizer, moving_average, state.step)
+    # Only rank 0 evaluates; the others wait for it at the next report.
+    evaluator = Evaluator(model, val_set, spec, batch_size=8) if val_set and context.rank == 0 else None
+    schedule = build_schedule(config.optimizer.learning_rate)
+    metrics: dict[str, float] = {}
+
+    while step < train.num_steps:
+        started = time.perf_counter()
+        result = train_loop(batches, tf.constant(min(train.steps_per_loop, train.num_steps - step)))
+        steps_run = int(result["steps_run"])
+        if not bool(result["finite"]):
+            raise TrainingDiverged(f"loss is NaN/Inf at step {step + steps_run}")
+        seconds = time.perf_counter() - started
+        step = int(state.step.numpy())
+        metrics = {
+            "step": step,
+            "train/loss": float(result["loss"]),
+            "train/box_loss": float(result["box_loss"]),
+            "train/classification_loss": float(result["classification_loss"]),
+            "train/lr": float(schedule(step - 1)),
+            "train/images_per_sec": train.batch_size * steps_run / seconds,
+        }
+        if evaluator and is_due(step, train.eval_every, train.num_steps):
+            metrics.update(evaluator.evaluate_with_average(moving_average))
+        if is_due(step, train.checkpoint_every, train.num_steps):
+            with tempfile.TemporaryDirectory(prefix="detsweep-ckpt-") as scratch:
+                report(metrics, state.save(Path(scratch), config, train_set.categories))
+        else:
+            report(metrics, None)
+    return metrics

@@ -1,0 +1,26 @@
+"""Which tf.distribute strategy a trial's worker uses, from ``scaling``."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from detsweep.config import ScalingConfig
+
+
+def make_strategy(scaling: ScalingConfig) -> tf.distribute.Strategy:
+    """TPUStrategy with ``use_tpu``; MultiWorkerMirroredStrategy across several workers (Ray's
+    TensorflowTrainer sets TF_CONFIG); one device otherwise, so a single worker never pays for
+    collective all-reduces it does not need.
+
+    Must be called before any other TensorFlow op in the process (a TF requirement for
+    multi-worker strategies).
+    """
+    if scaling.use_tpu:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if scaling.num_workers > 1:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = tf.config.list_logical_devices("GPU")
+    return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")

@@ -1,0 +1,101 @@
+"""A trial's Ray Train ``TensorflowTrainer``: resources, fault tolerance, checkpoints, progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray.train
+from ray.train.tensorflow import TensorflowTrainer
+
+from detsweep.cluster import connect
+from detsweep.config import ScalingConfig, TrialConfig
+
+from .worker import train_loop_per_worker
+
+
+def ray_scaling(scaling: ScalingConfig) -> ray.train.ScalingConfig:
+    resources = {"CPU": scaling.cpus_per_worker}
+    if scaling.use_gpu:
+        resources["GPU"] = scaling.gpus_per_worker
+    return ray.train.ScalingConfig(
+        num_workers=scaling.num_workers,
+        use_gpu=scaling.use_gpu,
+        resources_per_worker=resources,
+        use_tpu=scaling.use_tpu,
+        topology=scaling.topology,
+        accelerator_type=scaling.accelerator_type,
+    )
+
+
+class ProgressLines(ray.train.UserCallback):
+    """One line per report, printed by Ray Train's controller (it reaches the driver's console)."""
+
+    def __init__(self, num_steps: int):
+        self.num_steps = num_steps
+
+    def after_report(self, run_context, metrics, checkpoint) -> None:
+        print(progress_line(metrics[0], self.num_steps, saved=checkpoint is not None), flush=True)
+
+
+def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
+    parts = [f"step {metrics.get('step', 0)}/{num_steps}"]
+    parts += [f"loss {metrics['train/loss']:.4f}", f"lr {metrics['train/lr']:.3g}",
+              f"{metrics['train/images_per_sec']:.1f} img/s"] if "train/loss" in metrics else []
+    parts += [f"{key} {metrics[key]:.3f}" for key in ("eval/AP50", "eval_ema/AP50", "eval/AP_best") if key in metrics]
+    return "  ".join(parts) + ("  [checkpoint]" if saved else "")
+
+
+def make_trainer(config: TrialConfig, name: str, storage_path: str | None = None,
+                 callbacks: list | None = None) -> TensorflowTrainer:
+    return TensorflowTrainer(
+        train_loop_per_worker,
+        train_loop_config={"trial": config.model_dump(mode="json")},
+        scaling_config=ray_scaling(config.scaling),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=ray.train.FailureConfig(max_failures=config.scaling.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            callbacks=callbacks,
+        ),
+    )
+
+
+@dataclass
+class TrainOutcome:
+    steps: int
+    metrics: dict
+    checkpoint: str | None
+    error: str | None = None
+
+
+def check_data(config: TrialConfig) -> list[str]:
+    """Read and verify the datasets once, on the driver, so that workers can trust them;
+    returns one summary line per dataset (what was clipped, dropped, converted)."""
+    from detsweep.data import load_dataset
+
+    datasets = [config.data.train] + ([config.data.val] if config.data.val else [])
+    return [load_dataset(dataset, verify=True).summary_line() for dataset in datasets]
+
+
+def run_train(config: TrialConfig, name: str, address: str | None = None, storage_path: str | None = None,
+              progress: bool = True) -> TrainOutcome:
+    """One training through Ray Train, as ``detsweep train`` runs it."""
+    connect(address)
+    callbacks = [ProgressLines(config.train.num_steps)] if progress else []
+    try:
+        result = make_trainer(config, name, storage_path, callbacks).fit()
+    except ray.train.TrainingFailedError as failure:
+        return TrainOutcome(steps=0, metrics={}, checkpoint=None, error=failure_reason(failure))
+    metrics = dict(result.metrics or {})
+    checkpoint = result.checkpoint.path if result.checkpoint else None
+    return TrainOutcome(steps=int(metrics.get("step", 0)), metrics=metrics, checkpoint=checkpoint)
+
+
+def failure_reason(failure: BaseException) -> str:
+    """The innermost error of a failed run, as one line (e.g. ``loss is NaN/Inf at step 12``)."""
+    cause = failure
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[-1] if text else ''}"

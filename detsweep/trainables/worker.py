@@ -1,0 +1,28 @@
+"""``train_loop_per_worker``: what Ray Train runs in each worker process of a trial."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import ray.train
+
+from detsweep.config import TrialConfig
+
+
+def train_loop_per_worker(loop_config: dict) -> None:
+    """Resume from Ray's latest checkpoint when there is one (a restarted worker group),
+    train, and report every loop to Ray: metrics from every worker (Ray keeps rank 0's),
+    checkpoints from rank 0."""
+    from detsweep.train import WorkerContext, run_training  # TensorFlow loads in the worker only
+
+    config = TrialConfig.model_validate(loop_config["trial"])
+    rank = ray.train.get_context().get_world_rank()
+    latest = ray.train.get_checkpoint()
+
+    def report(metrics: dict, checkpoint_dir: Path | None) -> None:
+        checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir and rank == 0 else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+    with latest.as_directory() if latest else contextlib.nullcontext() as restore_from:
+        run_training(config, report, WorkerContext(rank=rank, restore_from=Path(restore_from) if restore_from else None))

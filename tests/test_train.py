@@ -1,0 +1,182 @@
+"""Training one trial: the loop in-process (fast), and `detsweep train` through real Ray Train."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from detsweep.config import load_trial_config
+from detsweep.data import load_dataset
+from detsweep.data.pipeline import InputSpec, decode_and_resize, to_tensors, training_dataset
+from detsweep.evaluation import evaluate_detections, to_coco_detections
+from detsweep.train import TrainingDiverged, WorkerContext, run_training
+from detsweep.models import build_model
+from detsweep.optim import MovingAverage, build_optimizer
+from detsweep.train.checkpoint import TrainingState
+
+from .conftest import REPO, RACCOON, run_cli
+
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+# Small and short: 32 training images, 30 steps, eval and checkpoint every 10.
+SHORT = [
+    "data.train.num_images=32", "data.val.num_images=8", "train.num_steps=30", "train.steps_per_loop=10",
+    "train.eval_every=10", "train.checkpoint_every=10", "optimizer.learning_rate.total_steps=30",
+    "optimizer.learning_rate.warmup_steps=3",
+]
+
+
+def short_config(*overrides: str):
+    return load_trial_config(QUICKSTART, [*SHORT, *overrides])
+
+
+class Recorder:
+    """A reporter that keeps every report and copies every checkpoint it is shown."""
+
+    def __init__(self, keep_dir=None):
+        self.reports, self.checkpoints, self.keep_dir = [], [], keep_dir
+
+    def __call__(self, metrics, checkpoint):
+        self.reports.append(metrics)
+        if checkpoint is not None and self.keep_dir is not None:
+            import shutil
+
+            target = self.keep_dir / f"step_{metrics['step']}"
+            shutil.copytree(checkpoint, target)
+            self.checkpoints.append(target)
+
+
+def test_loss_goes_down_and_every_loop_is_reported(tmp_path):
+    recorder = Recorder(tmp_path)
+    run_training(short_config(), recorder)
+    steps = [report["step"] for report in recorder.reports]
+    assert steps == [10, 20, 30]
+    assert recorder.reports[-1]["train/loss"] < 0.5 * recorder.reports[0]["train/loss"]
+    for key in ("train/box_loss", "train/classification_loss", "train/lr", "train/images_per_sec",
+                "eval/AP", "eval/AP50", "eval/AP75", "eval/APs", "eval/APm", "eval/APl", "eval/AR100",
+                "eval_ema/AP", "eval_ema/AP50", "eval/AP_best"):
+        assert key in recorder.reports[-1], key
+    best = recorder.reports[-1]
+    assert best["eval/AP_best"] == max(best["eval/AP"], best["eval_ema/AP"])
+    assert [p.name for p in recorder.checkpoints] == ["step_10", "step_20", "step_30"]
+
+
+def test_restart_from_a_checkpoint_continues_at_its_step_with_its_optimizer_state(tmp_path):
+    recorder = Recorder(tmp_path)
+    run_training(short_config("train.num_steps=20", "optimizer.learning_rate.total_steps=20"), recorder)
+    saved = tmp_path / "step_10"
+    resumed = Recorder()
+    run_training(short_config("train.num_steps=20", "optimizer.learning_rate.total_steps=20"), resumed,
+                 WorkerContext(restore_from=saved))
+    assert [r["step"] for r in resumed.reports] == [20]  # one loop: 10 → 20, nothing before
+
+    # A fresh state restored from the checkpoint holds the saved optimizer slots and step.
+    config = short_config()
+    model, _ = build_model(config.model, 3)
+    optimizer = build_optimizer(config.optimizer)
+    optimizer.build(model.trainable_variables)
+    state = TrainingState(model, optimizer, MovingAverage.of_model(model, 0.99, True))
+    assert state.restore(saved) == 10
+    assert int(optimizer.iterations.numpy()) == 10
+    reader = tf.train.load_checkpoint(str(saved / "ckpt"))
+    slots = [v for v in optimizer.variables if "momentum" in v.path]
+    assert len(slots) == len(model.trainable_variables)
+    assert any(np.abs(v.numpy()).sum() > 0 for v in slots)
+    saved_slots = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+                   if name.startswith("optimizer/_variables/")}
+    for slot in slots[:5]:
+        assert any(value.shape == slot.shape and np.array_equal(value, slot.numpy()) for value in saved_slots.values())
+
+
+def test_non_finite_loss_stops_the_trial_with_its_step():
+    config = short_config("optimizer.learning_rate.learning_rate_base=1e12", "optimizer.learning_rate.warmup_learning_rate=1e12",
+                          "train.gradient_clipping_by_norm=0")
+    with pytest.raises(TrainingDiverged, match=r"^loss is NaN/Inf at step \d+$"):
+        run_training(config, Recorder())
+
+
+def test_without_moving_average_there_is_no_ema_evaluation():
+    recorder = Recorder()
+    run_training(short_config("optimizer.use_moving_average=false", "train.num_steps=10",
+                              "optimizer.learning_rate.total_steps=10"), recorder)
+    final = recorder.reports[-1]
+    assert "eval/AP" in final and not any(key.startswith("eval_ema/") for key in final)
+    assert final["eval/AP_best"] == final["eval/AP"]
+
+
+def test_coordinate_round_trip_scores_ap_1(tmp_path):
+    """Ground truth through resize (aspect kept) and padding, mapped back, scores AP = 1."""
+    from detsweep.config import DatasetConfig
+
+    dataset = load_dataset(DatasetConfig(format="voc", annotations=str(RACCOON / "annotations"),
+                                         images=str(RACCOON / "images")), verify=False)
+    spec = InputSpec(image_size=160)
+    tensors = to_tensors(dataset, spec.max_boxes)
+    data = tf.data.Dataset.from_tensor_slices(tensors).map(lambda e: decode_and_resize(e, spec, from_files=True))
+    detections = []
+    for element in data.map(lambda e: {k: v for k, v in e.items() if k != "image"}).batch(16):
+        labels = element["labels"].numpy()
+        counts = (labels >= 0).sum(axis=1)
+        detections += to_coco_detections(
+            element["image_id"].numpy(), element["scale"].numpy(), element["boxes"].numpy(),
+            np.ones(labels.shape, np.float32), labels, counts, [c.id for c in dataset.categories])
+    assert len(detections) == dataset.num_boxes == 217
+    metrics = evaluate_detections(dataset.to_coco(), detections)
+    assert metrics["AP"] == pytest.approx(1.0) and metrics["AP50"] == pytest.approx(1.0)
+
+
+def test_workers_read_disjoint_shards():
+    dataset = load_dataset(short_config().data.train, verify=False)
+    spec = InputSpec(image_size=128)
+    config = short_config().data.augmentation
+    seen = []
+    for index in range(2):
+        data = training_dataset(dataset, spec, config, batch_size=4, seed=0, shard=(2, index))
+        ids = set()
+        for images, targets in data.take(8):  # 32 images over 4-image batches: each shard repeats after 4
+            ids |= {tuple(np.round(b, 3)) for b in targets["boxes"].numpy().reshape(-1, 4) if b[0] >= 0}
+        seen.append(ids)
+    assert seen[0] and seen[1] and not (seen[0] & seen[1])
+
+
+def test_eval_scores_a_coco_results_file(tmp_path):
+    truth = {"images": [{"id": 1, "width": 100, "height": 100}],
+             "annotations": [{"id": 1, "image_id": 1, "category_id": 7, "bbox": [10, 10, 30, 30], "area": 900, "iscrowd": 0}],
+             "categories": [{"id": 7, "name": "thing"}]}
+    (tmp_path / "gt.json").write_text(json.dumps(truth))
+    (tmp_path / "dt.json").write_text(json.dumps([{"image_id": 1, "category_id": 7, "bbox": [10, 10, 30, 30], "score": 0.9}]))
+    result = run_cli("eval", "--detections", str(tmp_path / "dt.json"), "--annotations", str(tmp_path / "gt.json"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["eval/AP"] == pytest.approx(1.0)
+    bad = run_cli("eval", "--detections", str(tmp_path / "gt.json"), "--annotations", str(tmp_path / "gt.json"))
+    assert bad.returncode == 2 and "expected a COCO results list" in bad.stderr
+
+
+LINE = re.compile(r"step (\d+)/(\d+)\s+loss ([\d.]+)")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_detsweep_train_through_ray_train(tmp_path, workers):
+    result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
+                     "--set", f"scaling.num_workers={workers}", "--set", "data.val.num_images=8",
+                     "--storage", str(tmp_path / "ray"), "--name", f"w{workers}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    progress = [(int(m[1]), float(m[3])) for m in LINE.finditer(result.stdout + result.stderr)]
+    assert [step for step, _ in progress] == [10, 20, 30]
+    assert progress[-1][1] < 0.5 * progress[0][1]
+    assert "checkpoint:" in result.stdout
+
+
+def test_detsweep_train_json_and_eval_of_its_checkpoint(tmp_path):
+    result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
+                     "--set", "train.num_steps=10", "--set", "optimizer.learning_rate.total_steps=10",
+                     "--storage", str(tmp_path / "ray"), "--name", "json", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["steps"] == 10 and "eval/AP_best" in outcome["metrics"]
+    evaluated = run_cli("eval", "--checkpoint", outcome["checkpoint"], "--json")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads(evaluated.stdout)
+    assert metrics["step"] == 10
+    assert metrics["eval/AP"] == pytest.approx(outcome["metrics"]["eval/AP"], abs=1e-6)
