@@ -23,7 +23,8 @@ QUICKSTART = REPO / "configs" / "quickstart.yaml"
 SHORT = [
     "data.train.num_images=32", "data.val.num_images=8", "train.num_steps=30", "train.steps_per_loop=10",
     "train.eval_every=10", "train.checkpoint_every=10", "optimizer.learning_rate.total_steps=30",
-    "optimizer.learning_rate.warmup_steps=3",
+    "optimizer.learning_rate.warmup_steps=3", "optimizer.learning_rate.learning_rate_base=0.01",
+    "optimizer.learning_rate.warmup_learning_rate=0.001",
 ]
 
 
@@ -180,3 +181,17 @@ def test_detsweep_train_json_and_eval_of_its_checkpoint(tmp_path):
     metrics = json.loads(evaluated.stdout)
     assert metrics["step"] == 10
     assert metrics["eval/AP"] == pytest.approx(outcome["metrics"]["eval/AP"], abs=1e-6)
+
+
+def test_mixed_float16_trains_with_dynamic_loss_scaling():
+    import keras
+
+    try:
+        recorder = Recorder()
+        run_training(short_config("train.mixed_precision=mixed_float16", "train.num_steps=10",
+                                  "optimizer.learning_rate.total_steps=10", "train.eval_every=0"), recorder)
+        assert keras.mixed_precision.global_policy().name == "mixed_float16"
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    final = recorder.reports[-1]
+    assert final["step"] == 10 and np.isfinite(final["train/loss"])

@@ -214,11 +214,11 @@ def _did_you_mean(word: Any, choices: list[str]) -> str:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
+    """The value as it would be written, unless it is too long for a one-line message."""
+    shown = repr(value)
+    if isinstance(value, (dict, list)) and len(shown) > 40:
+        return "a mapping" if isinstance(value, dict) else "a list"
+    return shown
 
 
 def _lowercase_first(text: str) -> str:

@@ -81,9 +81,10 @@ _MESSAGES: dict[str, list[tuple]] = {
         ("ssd_random_crop_fixed_aspect_ratio", 23, "Empty"),
         ("random_vertical_flip", 25, "Empty"),
         ("random_rotation90", 26, "Empty"),
-        ("random_scale_crop_and_pad_to_square", 33, "Empty"),
+        ("random_scale_crop_and_pad_to_square", 33, "RandomScaleCrop"),
     ],
     "RandomHorizontalFlip": [("probability", 2, "float", 0.5)],
+    "RandomScaleCrop": [("output_size", 1, "int32", 512), ("scale_min", 2, "float", 0.1), ("scale_max", 3, "float", 2.0)],
     "Empty": [],
     "Optimizer": [
         ("rms_prop_optimizer", 1, "RMSPropOptimizer"),
@@ -227,6 +228,10 @@ def _carry_train_config(train: message.Message, imported: Imported) -> None:
         if kind == "random_horizontal_flip":
             augmentation = imported.tree.setdefault("data", {}).setdefault("augmentation", {})
             augmentation["random_horizontal_flip"] = _clean(option.random_horizontal_flip.probability)
+        elif kind == "random_scale_crop_and_pad_to_square":
+            crop = option.random_scale_crop_and_pad_to_square
+            augmentation = imported.tree.setdefault("data", {}).setdefault("augmentation", {})
+            augmentation[kind] = {"scale_min": _clean(crop.scale_min), "scale_max": _clean(crop.scale_max)}
         elif kind:
             imported.not_carried.append(f"train_config.data_augmentation_options.{kind}: not supported by detsweep")
     if train.sync_replicas:

@@ -192,9 +192,14 @@ class DatasetConfig(Section):
     classes: PosInt = Field(3, description="synthetic only")
     seed: int = 0
     skip_empty: bool = Field(False, description="drop images without boxes instead of training on them")
+    subset: tuple[NonNegInt, NonNegInt] | None = Field(
+        None, description="[start, stop): only these images, in the reader's order (file names for VOC)"
+    )
 
     @model_validator(mode="after")
     def _check_paths_for_format(self) -> DatasetConfig:
+        if self.subset and self.subset[0] >= self.subset[1]:
+            raise invalid("subset", list(self.subset), "[start, stop] with start < stop")
         needed = {"coco": ("annotations", "images"), "voc": ("annotations",), "tfrecord": ("annotations",)}
         for field in needed.get(self.format, ()):
             if getattr(self, field) is None:
@@ -202,8 +207,24 @@ class DatasetConfig(Section):
         return self
 
 
+class ScaleCropConfig(Section):
+    """The OD API's ``random_scale_crop_and_pad_to_square`` (defaults as there)."""
+
+    scale_min: Annotated[float, Field(gt=0)] = 0.1
+    scale_max: Annotated[float, Field(gt=0)] = 2.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ScaleCropConfig:
+        if self.scale_min > self.scale_max:
+            raise invalid("scale_min", self.scale_min, f"<= scale_max ({self.scale_max})")
+        return self
+
+
 class AugmentationConfig(Section):
     random_horizontal_flip: Probability = Field(0.0, description="probability of a flip (the OD API's default is 0.5)")
+    random_scale_crop_and_pad_to_square: ScaleCropConfig | None = Field(
+        None, description="scale jitter: zoom by a random factor, then crop or pad back to the square"
+    )
 
 
 class DataConfig(Section):

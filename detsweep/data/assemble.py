@@ -27,10 +27,20 @@ def assemble(
     counts: Counter,
     verify: bool,
     skip_empty: bool,
+    subset: tuple[int, int] | None = None,
 ) -> DetectionSet:
-    """The finished :class:`DetectionSet`; ``origins[i]`` names what describes ``examples[i]`` (for messages)."""
+    """The finished :class:`DetectionSet`; ``origins[i]`` names what describes ``examples[i]`` (for messages).
+
+    ``subset`` keeps images ``[start, stop)`` before anything is checked or counted.
+    """
     if not examples:
         raise DetsweepError(f"{source}: found no images, expected at least one")
+    if subset:
+        start, stop = subset
+        examples, origins = examples[start:stop], list(origins)[start:stop]
+        source = f"{source} [{start}:{stop}]"
+        if not examples:
+            raise DetsweepError(f"{source}: found no images in subset {start}:{stop}, expected at least one")
     if not categories:
         raise DetsweepError(f"{source}: found no categories, expected at least one class to detect")
     for example, origin in zip(examples, origins):

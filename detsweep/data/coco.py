@@ -29,7 +29,7 @@ def read_coco(config: DatasetConfig, verify: bool = True) -> DetectionSet:
     examples = parse_images(_list(tree, "images", path), path, Path(config.images))
     add_annotations(examples, _list(tree, "annotations", path, required=False), categories, path)
     return assemble(str(path), categories, list(examples.values()), [str(path)] * len(examples), Counter(),
-                    verify=verify, skip_empty=config.skip_empty)
+                    verify=verify, skip_empty=config.skip_empty, subset=config.subset)
 
 
 def read_json(path: Path) -> dict[str, Any]:

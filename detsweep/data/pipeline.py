@@ -75,6 +75,32 @@ def random_horizontal_flip(element: dict, probability: float) -> dict:
     }
 
 
+def random_scale_crop(element: dict, spec: InputSpec, scale_min: float, scale_max: float) -> dict:
+    """Zoom the (resized) image by a random factor, then take a random ``image_size`` square
+    window of it (padding where the zoomed image is smaller). Boxes follow, clipped to the
+    window; boxes left with no area become padding. As the OD API's
+    ``random_scale_crop_and_pad_to_square``."""
+    size = spec.image_size
+    factor = tf.random.uniform([], scale_min, scale_max)
+    zoomed_shape = tf.maximum(tf.cast(tf.round(tf.cast(element["resized_shape"], tf.float32) * factor), tf.int32), 1)
+    image = tf.image.resize(element["image"], zoomed_shape)
+    free = tf.maximum(zoomed_shape - size, 0)
+    offset = tf.cast(tf.floor(tf.random.uniform([2]) * tf.cast(free + 1, tf.float32)), tf.int32)
+    window = tf.minimum(zoomed_shape, size)
+    image = tf.slice(image, [offset[0], offset[1], 0], [window[0], window[1], 3])
+    shift = tf.cast(tf.concat([offset, offset], 0), tf.float32)
+    limit = tf.cast(tf.concat([window, window], 0), tf.float32)
+    boxes = tf.clip_by_value(element["boxes"] * factor - shift, 0.0, limit)
+    kept = (element["labels"] >= 0) & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    return {
+        **element,
+        "image": image,
+        "boxes": tf.where(kept[:, None], boxes, -1.0),
+        "labels": tf.where(kept, element["labels"], -1),
+        "resized_shape": window,
+    }
+
+
 def pad_and_normalise(element: dict, spec: InputSpec) -> dict:
     image = tf.image.pad_to_bounding_box(element["image"], 0, 0, spec.image_size, spec.image_size)
     image = (image - MEAN) / STD
@@ -100,6 +126,10 @@ def training_dataset(
     data = data.map(lambda e: decode_and_resize(e, spec, from_files), num_parallel_calls=tf.data.AUTOTUNE)
     if augmentation.random_horizontal_flip > 0:
         data = data.map(lambda e: random_horizontal_flip(e, augmentation.random_horizontal_flip),
+                        num_parallel_calls=tf.data.AUTOTUNE)
+    jitter = augmentation.random_scale_crop_and_pad_to_square
+    if jitter is not None:
+        data = data.map(lambda e: random_scale_crop(e, spec, jitter.scale_min, jitter.scale_max),
                         num_parallel_calls=tf.data.AUTOTUNE)
     data = data.map(lambda e: pad_and_normalise(e, spec), num_parallel_calls=tf.data.AUTOTUNE)
     data = data.map(lambda e: (e["image"], {"boxes": e["boxes"], "labels": tf.cast(e["labels"], tf.float32)}))

@@ -50,7 +50,7 @@ def read_tfrecord(config: DatasetConfig, verify: bool = True) -> DetectionSet:
     counts: Counter = Counter()
     examples = to_examples(records, categories, counts, verify)
     return assemble(config.annotations, categories, examples, [record.origin for record in records], counts,
-                    verify=verify, skip_empty=config.skip_empty)
+                    verify=verify, skip_empty=config.skip_empty, subset=config.subset)
 
 
 def record_files(spec: str) -> list[str]:

@@ -60,7 +60,7 @@ def read_voc(config: DatasetConfig, verify: bool = True) -> DetectionSet:
         examples.append(Example(image_id, image.file_name, image.height, image.width, boxes, labels,
                                 empty_boxes(), empty_labels(), path=str(find_image(image))))
     return assemble(str(root), categories, examples, [str(image.xml) for image in parsed], counts,
-                    verify=verify, skip_empty=config.skip_empty)
+                    verify=verify, skip_empty=config.skip_empty, subset=config.subset)
 
 
 def xml_files(root: Path) -> list[Path]:

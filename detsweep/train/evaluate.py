@@ -23,7 +23,9 @@ class Evaluator:
 
         @tf.function(input_signature=[image_spec])
         def detect(images):
-            return model.decode_predictions(model(images, training=False), images)
+            # Under mixed precision the heads emit float16; keras-hub's box decoding wants float32.
+            predictions = {k: tf.cast(v, tf.float32) for k, v in model(images, training=False).items()}
+            return model.decode_predictions(predictions, images)
 
         self.detect = detect
 

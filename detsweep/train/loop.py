@@ -20,7 +20,7 @@ from detsweep.optim import MovingAverage, build_optimizer, build_schedule
 from .checkpoint import TrainingState
 from .evaluate import Evaluator, is_due
 from .step import make_train_loop
-from .strategy import make_strategy
+from .strategy import make_strategy, use_worker_cpus
 
 # report(metrics, checkpoint_dir): the directory exists only during the call; copy what you keep.
 Reporter = Callable[[dict[str, float], "Path | None"], None]
@@ -38,7 +38,8 @@ class WorkerContext:
 
 def run_training(config: TrialConfig, report: Reporter, context: WorkerContext = WorkerContext()) -> dict[str, float]:
     """Train ``config`` to ``train.num_steps``, reporting every loop; returns the last metrics."""
-    strategy = make_strategy(config.scaling)  # first: multi-worker strategies need a clean TF runtime
+    use_worker_cpus(config.scaling.cpus_per_worker)  # first: both need TensorFlow's runtime unstarted
+    strategy = make_strategy(config.scaling)
     keras.mixed_precision.set_global_policy(config.train.mixed_precision)
     keras.utils.set_random_seed(config.train.seed)
     train_set = load_dataset(config.data.train, verify=False)  # the driver verified the files

@@ -7,6 +7,17 @@ import tensorflow as tf
 from detsweep.config import ScalingConfig
 
 
+def use_worker_cpus(cpus: float) -> None:
+    """Size TensorFlow's thread pools to the CPUs Ray gave the worker (at least one), so
+    workers sharing a node neither oversubscribe it nor leave it idle. Call before any op."""
+    threads = max(1, int(cpus))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:  # the runtime already runs (a second training in one process): keep its pools
+        pass
+
+
 def make_strategy(scaling: ScalingConfig) -> tf.distribute.Strategy:
     """TPUStrategy with ``use_tpu``; MultiWorkerMirroredStrategy across several workers (Ray's
     TensorflowTrainer sets TF_CONFIG); one device otherwise, so a single worker never pays for
