@@ -1,0 +1,76 @@
+"""The tf.data path: augmentations move boxes with the pixels; bad data stops before Ray starts."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from detsweep.config import DatasetConfig
+from detsweep.data import generate_synthetic
+from detsweep.data.pipeline import InputSpec, decode_and_resize, random_horizontal_flip, random_scale_crop, to_tensors
+
+from .conftest import run_cli
+
+SPEC = InputSpec(image_size=128, max_boxes=8)
+
+
+def first_element():
+    dataset = generate_synthetic(1, 128, 3, seed=5)
+    tensors = {k: v[:1] for k, v in to_tensors(dataset, SPEC.max_boxes).items()}
+    element = next(iter(tf.data.Dataset.from_tensor_slices(tensors)))
+    return decode_and_resize(element, SPEC, from_files=False)
+
+
+def box_pixels_mean(image, box):
+    ymin, xmin, ymax, xmax = (int(round(float(v))) for v in box)
+    return float(tf.reduce_mean(image[ymin:ymax, xmin:xmax]))
+
+
+def test_horizontal_flip_moves_boxes_with_the_pixels():
+    element = first_element()
+    flipped = random_horizontal_flip(element, probability=1.0)
+    valid = element["labels"].numpy() >= 0
+    for before, after in zip(element["boxes"].numpy()[valid], flipped["boxes"].numpy()[valid]):
+        assert after[1] == pytest.approx(128 - before[3]) and after[3] == pytest.approx(128 - before[1])
+        assert box_pixels_mean(flipped["image"], after) == pytest.approx(box_pixels_mean(element["image"], before), abs=1.0)
+
+
+def test_scale_crop_zoom_keeps_boxes_on_their_objects_inside_the_window():
+    element = first_element()
+    tf.random.set_seed(3)
+    zoomed = random_scale_crop(element, SPEC, scale_min=2.0, scale_max=2.0)
+    assert zoomed["image"].shape[:2] == (128, 128)  # cropped back to the square
+    boxes, labels = zoomed["boxes"].numpy(), zoomed["labels"].numpy()
+    kept = labels >= 0
+    assert kept.any()
+    assert (boxes[kept] >= 0).all() and (boxes[kept] <= 128).all()
+    assert (boxes[~kept] == -1).all()
+
+
+def test_scale_crop_shrink_pads_later_and_scales_boxes():
+    element = first_element()
+    shrunk = random_scale_crop(element, SPEC, scale_min=0.5, scale_max=0.5)
+    assert tuple(shrunk["resized_shape"].numpy()) == (64, 64)
+    valid = element["labels"].numpy() >= 0
+    np.testing.assert_allclose(shrunk["boxes"].numpy()[valid], element["boxes"].numpy()[valid] * 0.5, atol=1e-4)
+
+
+def test_bad_data_fails_before_training_with_one_line(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "gt.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "gone.jpg", "width": 64, "height": 64}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 10, 10], "area": 100, "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "thing"}]}))
+    config = tmp_path / "trial.yaml"
+    config.write_text("optimizer: {type: momentum}\n"
+                      "data: {train: {format: coco, annotations: gt.json, images: images}}\n")
+    result = run_cli("train", str(config))
+    assert result.returncode == 2
+    assert "gone.jpg" in result.stderr and "not found" in result.stderr
+    assert "Traceback" not in result.stderr and "ray" not in result.stdout.lower()
+
+
+def test_unknown_format_name_is_a_config_error(tmp_path):
+    result = run_cli("data", "inspect", "--format", "yolo")
+    assert result.returncode == 2 and "format: found 'yolo'" in result.stderr
