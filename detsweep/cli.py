@@ -65,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--storage", help="where Ray keeps results and checkpoints (default: ~/ray_results)")
     train.add_argument("--json", action="store_true", help='print {"steps", "metrics", "checkpoint"} at the end')
 
+    validate = _command(commands, "validate", validate_command, "check a sweep file and show what it would run (starts nothing)")
+    validate.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
+    validate.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                          help="override the sweep or its base config, e.g. --set base.train.num_steps=40")
+    validate.add_argument("--address", help="size the sweep for this running Ray cluster (default: this machine)")
+    validate.add_argument("--json", action="store_true", help="print one JSON object")
+
+    launch = _command(commands, "launch", launch_command, "run a sweep on Ray (a local cluster unless --address)")
+    launch.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
+    launch.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                        help="override the sweep or its base config, e.g. --set search.num_samples=2")
+    launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
+    launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best"} at the end')
+
     evaluate = _command(commands, "eval", eval_command, "COCO-evaluate a checkpoint, or score a COCO results file")
     evaluate.add_argument("--checkpoint", help="a detsweep checkpoint directory (evaluated on its config's data.val)")
     evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
@@ -154,6 +168,62 @@ def train_command(args: argparse.Namespace) -> int:
         print("\n".join([f"finished at step {outcome.steps}"] + [f"  {k:<22} {v:.4f}" for k, v in sorted(shown.items())]
                         + [f"checkpoint: {outcome.checkpoint}"]))
     return 0
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.launch import cluster_nodes, local_nodes, validation_report
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(args.sweep, args.overrides)
+    if args.address:
+        from detsweep.cluster import connect
+
+        connect(args.address)
+    report = validation_report(sweep, cluster_nodes() if args.address else local_nodes(), strict=bool(args.address))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(yaml.safe_dump({"base": report["base"]}, sort_keys=False), end="")
+    print(yaml.safe_dump({k: report[k] for k in ("space", "algorithm", "scheduler", "trials", "grid_points",
+                                                  "resources_per_trial", "trials_at_once")}, sort_keys=False), end="")
+    print("samples:")
+    for drawn in report["samples"]:
+        print("  - " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in drawn.items()))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    print(f"{args.sweep}: valid")
+    return 0
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.launch import launch
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(args.sweep, args.overrides)
+    report = launch(sweep, args.address)
+    if args.json:
+        print(json.dumps(report, default=str))
+    else:
+        print(format_trials(report, sweep.search.metric))
+    errored = [trial for trial in report["trials"] if trial["status"] == "ERROR"]
+    for trial in errored:
+        print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']}", file=sys.stderr)
+    return 1 if errored else 0
+
+
+def format_trials(report: dict[str, Any], metric: str) -> str:
+    lines = [f"{'trial':<14} {'status':<11} {'step':>6} {metric:>14}  swept values"]
+    for trial in report["trials"]:
+        value = trial["metrics"].get(metric)
+        shown = f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+        swept = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial["config"].items())
+        lines.append(f"{trial['trial_id']:<14} {trial['status']:<11} {trial['metrics'].get('step', 0):>6} {shown:>14}  {swept}")
+    best = report["best"]
+    if best:
+        lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}",
+                  f"  config: {best['config']}", f"  checkpoint: {best['checkpoint']}"]
+    lines.append(f"results: {report['path']}")
+    return "\n".join(lines)
 
 
 def eval_command(args: argparse.Namespace) -> int:

@@ -46,10 +46,11 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
 
 
 def make_trainer(config: TrialConfig, name: str, storage_path: str | None = None,
-                 callbacks: list | None = None) -> TensorflowTrainer:
+                 callbacks: list | None = None, restore_from: str | None = None) -> TensorflowTrainer:
+    """``restore_from``: a checkpoint to start from when Ray Train has none of its own yet."""
     return TensorflowTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": config.model_dump(mode="json")},
+        train_loop_config={"trial": config.model_dump(mode="json"), "restore_from": restore_from},
         scaling_config=ray_scaling(config.scaling),
         run_config=ray.train.RunConfig(
             name=name,

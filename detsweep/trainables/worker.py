@@ -12,8 +12,8 @@ from detsweep.config import TrialConfig
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """Resume from Ray's latest checkpoint when there is one (a restarted worker group),
-    train, and report every loop to Ray: metrics from every worker (Ray keeps rank 0's),
-    checkpoints from rank 0."""
+    else from ``restore_from`` (a Tune checkpoint: PBT, a resumed sweep); train; and report
+    every loop to Ray: metrics from every worker (Ray keeps rank 0's), checkpoints from rank 0."""
     from detsweep.train import WorkerContext, run_training  # TensorFlow loads in the worker only
 
     config = TrialConfig.model_validate(loop_config["trial"])
@@ -24,5 +24,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir and rank == 0 else None
         ray.train.report(metrics, checkpoint=checkpoint)
 
+    if latest is None and loop_config.get("restore_from"):
+        latest = ray.train.Checkpoint(loop_config["restore_from"])
     with latest.as_directory() if latest else contextlib.nullcontext() as restore_from:
         run_training(config, report, WorkerContext(rank=rank, restore_from=Path(restore_from) if restore_from else None))

@@ -1,0 +1,106 @@
+"""``detsweep validate`` and ``detsweep launch``: check a sweep, run it on Ray, summarise it."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import asdict
+from typing import Any
+
+from detsweep.cluster import connect
+from detsweep.errors import DetsweepError
+
+from .space import grid_points
+from .spec import Sweep
+from .resources import TRIAL_DRIVER_CPUS, trials_at_once
+
+
+def check_resources(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
+    """Every Ray Train worker must fit on some node (a trial waits forever otherwise)."""
+    scaling = sweep.base.scaling
+    largest_cpu = max((node.get("CPU", 0.0) for node in nodes), default=0.0)
+    largest_gpu = max((node.get("GPU", 0.0) for node in nodes), default=0.0)
+    if scaling.cpus_per_worker + TRIAL_DRIVER_CPUS > largest_cpu and scaling.cpus_per_worker > largest_cpu:
+        raise DetsweepError(f"{sweep.path}: base.scaling.cpus_per_worker: found {scaling.cpus_per_worker}, "
+                            f"expected <= {largest_cpu:g} (the most CPUs any node has)")
+    if scaling.use_gpu and scaling.gpus_per_worker > largest_gpu:
+        raise DetsweepError(f"{sweep.path}: base.scaling.gpus_per_worker: found {scaling.gpus_per_worker}, "
+                            f"expected <= {largest_gpu:g} (the most GPUs any node has)")
+
+
+def validation_report(sweep: Sweep, nodes: list[dict[str, float]], strict: bool = True,
+                      samples: int = 5) -> dict[str, Any]:
+    """What ``detsweep validate`` shows: nothing is started. Not ``strict`` (no cluster was
+    named, this machine stands in for it), resources that do not fit are a note, not an error."""
+    notes = []
+    try:
+        check_resources(sweep, nodes)
+    except DetsweepError as error:
+        if strict:
+            raise
+        notes.append(f"does not fit on this machine; launch it on a cluster: {str(error).split(': ', 1)[1]}")
+    base = sweep.base.model_dump(mode="json")
+    space = sweep.search.space
+    grid = grid_points(space, base) if any(p.is_grid for p in space.values()) else []
+    scaling = sweep.base.scaling
+    cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
+    rng = random.Random(sweep.search.seed)
+    return {
+        "name": sweep.name,
+        "base": base,
+        "space": {path: parameter.model_dump(exclude_none=True) for path, parameter in space.items()},
+        "algorithm": sweep.search.algorithm,
+        "scheduler": sweep.search.scheduler.type,
+        "trials": sweep.search.num_samples * max(1, len(grid)),
+        "grid_points": len(grid),
+        "resources_per_trial": {"workers": scaling.num_workers, "cpus_per_worker": scaling.cpus_per_worker,
+                                "gpus_per_worker": scaling.gpus_per_worker if scaling.use_gpu else 0},
+        "trials_at_once": min(trials_at_once(sweep, cpus, gpus), sweep.search.max_concurrent_trials or 10**9),
+        "samples": [sample(sweep, rng, grid[i % len(grid)] if grid else {}) for i in range(samples)],
+        "notes": notes,
+    }
+
+
+def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str, Any]:
+    """One sampled assignment of the space's paths (as the random searcher would draw it)."""
+    import numpy as np
+    from ray.tune.search.sample import Domain
+
+    drawn = dict(point)
+    for dotted, parameter in sweep.search.space.items():
+        if parameter.is_grid:
+            continue
+        domain = parameter.domain()
+        value = domain.sample(random_state=np.random.RandomState(rng.randrange(2**31))) if isinstance(domain, Domain) else domain
+        drawn[dotted] = value.item() if hasattr(value, "item") else value
+    return drawn
+
+
+def local_nodes() -> list[dict[str, float]]:
+    return [{"CPU": float(os.cpu_count() or 1), "GPU": 0.0}]
+
+
+def cluster_nodes() -> list[dict[str, float]]:
+    import ray
+
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+
+def launch(sweep: Sweep, address: str | None = None) -> dict[str, Any]:
+    """Run the sweep to the end; returns the ``detsweep launch --json`` object."""
+    from detsweep.trainables.trainer import check_data
+
+    from .tuner import build_tuner, outcomes
+
+    for line in check_data(sweep.base):
+        print(line, flush=True)
+    connect(address)
+    nodes = cluster_nodes()
+    check_resources(sweep, nodes)
+    fits = trials_at_once(sweep, sum(n.get("CPU", 0) for n in nodes), sum(n.get("GPU", 0) for n in nodes))
+    results = build_tuner(sweep, max(1, fits)).fit()
+    rows = outcomes(results, sweep)
+    trials = [asdict(row) for row in rows]
+    finished = [row for row in trials if row["status"] != "ERROR"]
+    return {"name": sweep.name, "path": results.experiment_path, "trials": trials,
+            "best": finished[0] if finished else None}

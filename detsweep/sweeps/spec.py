@@ -1,0 +1,201 @@
+"""The sweep file: ``name``, ``base`` (a trial config), ``search`` and ``storage``.
+
+Loading resolves ``base`` (inline, a path, or ``from: PATH`` plus overrides) and
+``search.include`` files, applies ``--set`` to the whole sweep (``base.train.num_steps``,
+``search.num_samples``), and checks everything before anything starts: the base config,
+every space path and every listed value against the trial schema, bounds, and
+algorithm/scheduler combinations.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from detsweep.config import TrialConfig, validate
+from detsweep.config.loader import read_trial_tree, read_yaml_mapping, resolve_data_paths, set_path
+from detsweep.config.schema import invalid
+from detsweep.errors import DetsweepError
+
+from .space import Parameter, get_path
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SchedulerSpec(Section):
+    type: Literal["fifo", "asha", "pbt"] = "fifo"
+    grace_period: int = Field(100, gt=0, description="ASHA: training steps before a trial can be stopped")
+    reduction_factor: float = Field(3.0, gt=1)
+    max_t: int | None = Field(None, gt=0, description="ASHA: steps of the longest trial (default base.train.num_steps)")
+    perturbation_interval: int = Field(100, gt=0, description="PBT: training steps between exploit/explore")
+    mutations: dict[str, Parameter] = Field(default_factory=dict, description="PBT: dotted path → values or a distribution")
+
+
+class SearchSpec(Section):
+    metric: str = "eval/AP_best"
+    mode: Literal["max", "min"] = "max"
+    num_samples: int = Field(4, gt=0, description="trials to sample (per grid point with a grid)")
+    max_concurrent_trials: int | None = Field(None, gt=0, description="None: as many as the cluster fits")
+    time_budget_s: float | None = Field(None, gt=0)
+    algorithm: Literal["random", "grid", "optuna"] = "random"
+    seed: int | None = None
+    scheduler: SchedulerSpec = SchedulerSpec()
+    include: list[str] = Field(default_factory=list, description="space files, relative to the sweep file")
+    space: dict[str, Parameter] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _grid_needs_a_grid_searcher(self) -> SearchSpec:
+        has_grid = any(parameter.is_grid for parameter in self.space.values())
+        if has_grid and self.algorithm == "optuna":
+            raise invalid("algorithm", self.algorithm, "random or grid when the space has grid parameters")
+        if self.algorithm == "grid" and not has_grid:
+            raise invalid("algorithm", self.algorithm, "a space with at least one grid parameter")
+        return self
+
+
+class SweepFile(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*$")
+    base: dict[str, Any]
+    search: SearchSpec = SearchSpec()
+    storage: str | None = Field(None, description="a folder or s3:// / gs:// URI; None: Ray's default")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated sweep: the file's sections plus the typed base trial config."""
+
+    name: str
+    path: Path
+    base_tree: dict[str, Any]
+    base: TrialConfig
+    search: SearchSpec
+    storage: str | None
+
+
+def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> Sweep:
+    path = Path(path)
+    tree = read_yaml_mapping(path)
+    tree["base"] = _resolve_base(tree.get("base"), path)
+    search = tree.get("search")
+    if isinstance(search, dict):
+        search = tree["search"] = dict(search)
+        search["space"] = {**_included(search.get("include", []), path), **(search.get("space") or {})}
+    spec = validate(SweepFile, tree, source=str(path), overrides=list(overrides))
+    base = validate(TrialConfig, spec.base, source=f"{path}: base")
+    _check_space(spec, path)
+    _check_reports_carry_the_metric(base, path, spec.search.metric)
+    return Sweep(spec.name, path, spec.base, base, spec.search, spec.storage)
+
+
+def _resolve_base(base: Any, sweep_path: Path) -> dict[str, Any]:
+    """Inline mapping, a path, or ``{from: PATH, …overrides}``; paths are relative to the sweep file."""
+    if isinstance(base, str):
+        base = {"from": base}
+    if not isinstance(base, dict):
+        raise DetsweepError(f"{sweep_path}: base: found {base!r}, expected a trial config, a path, or from: PATH")
+    base = copy.deepcopy(base)
+    source = base.pop("from", None)
+    if source is None:
+        resolve_data_paths(base, sweep_path.parent)
+        return base
+    config_path = sweep_path.parent / source
+    tree = read_trial_tree(config_path)
+    resolve_data_paths(tree, config_path.parent)
+    resolve_data_paths(base, sweep_path.parent)
+    return _merge(tree, base)
+
+
+def _merge(tree: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            _merge(tree[key], value)
+        else:
+            tree[key] = value
+    return tree
+
+
+def _included(files: Any, sweep_path: Path) -> dict[str, Any]:
+    space: dict[str, Any] = {}
+    for name in files if isinstance(files, list) else []:
+        included = sweep_path.parent / name
+        for key, value in read_yaml_mapping(included).items():
+            space.setdefault(key, value)
+    return space
+
+
+def _check_space(spec: SweepFile, path: Path) -> None:
+    """Every space path is a trial-config field, and every listed value is valid there."""
+    parameters = {**spec.search.space, **spec.search.scheduler.mutations}
+    for dotted, parameter in parameters.items():
+        where = f"search.space.{dotted}" if dotted in spec.search.space else f"search.scheduler.mutations.{dotted}"
+        _check_field_exists(dotted, where, path)
+        for value in _candidates(parameter):
+            tree = copy.deepcopy(spec.base)
+            set_path(tree, dotted, value)
+            try:
+                validate(TrialConfig, tree, source="")
+            except DetsweepError as error:
+                reason = str(error).split(": ", 2)[-1]
+                raise DetsweepError(f"{path}: {where}: the value {value!r} makes the trial invalid: {reason}") from None
+
+
+def _candidates(parameter: Parameter) -> list[Any]:
+    if parameter.values is not None:
+        return parameter.values
+    if parameter.grid is not None:
+        return parameter.grid
+    if parameter.distribution is None:
+        return [parameter.value]
+    if parameter.distribution == "normal":
+        return [parameter.mu]
+    if parameter.distribution == "int_uniform":
+        return [int(parameter.min), int(parameter.max)]
+    return [parameter.min, parameter.max]
+
+
+def _check_field_exists(dotted: str, where: str, path: Path) -> None:
+    model: Any = TrialConfig
+    for depth, key in enumerate(dotted.split(".")):
+        fields = getattr(model, "model_fields", None)
+        if fields is None:
+            raise DetsweepError(f"{path}: {where}: {'.'.join(dotted.split('.')[:depth])} has no fields below it")
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise DetsweepError(f"{path}: {where}: {key!r} is not a field of the trial config, expected one of "
+                                f"{', '.join(fields)}{hint}")
+        model = _model_of(fields[key].annotation)
+
+
+def _model_of(annotation: Any) -> Any:
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str) -> None:
+    # Tune hears a trial at its evaluations, so checkpoints must fall on them.
+    train = base.train
+    if train.checkpoint_every and train.eval_every and train.checkpoint_every % train.eval_every:
+        raise DetsweepError(f"{path}: base.train.checkpoint_every: found {train.checkpoint_every}, "
+                            f"expected a multiple of base.train.eval_every ({train.eval_every}) in a sweep")
+    if metric.startswith("eval") and not base.data.val:
+        raise DetsweepError(f"{path}: base.data.val: found nothing, expected a validation set (the sweep's metric needs it)")
+
+
+def get_base_value(sweep: Sweep, dotted: str) -> Any:
+    return get_path(sweep.base.model_dump(mode="json"), dotted)
