@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from detsweep.errors import DetsweepError
 
@@ -13,7 +14,11 @@ def connect(address: str | None = None) -> None:
 
     if ray.is_initialized():
         return
+    # A trial stopped by a scheduler frees its Ray Train workers a little after it ends; the
+    # next trial's workers wait for them instead of failing after Ray Train's default 60 s.
+    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800")}
     try:
-        ray.init(address=address, logging_level=logging.WARNING, configure_logging=True)
+        ray.init(address=address, logging_level=logging.WARNING, configure_logging=True,
+                 runtime_env={"env_vars": env})
     except ConnectionError as error:
         raise DetsweepError(f"--address {address}: no Ray cluster answers there ({error})") from None

@@ -12,7 +12,7 @@ from detsweep.errors import DetsweepError
 
 from .space import grid_points
 from .spec import Sweep
-from .resources import TRIAL_DRIVER_CPUS, trials_at_once
+from .resources import trials_at_once
 
 
 def check_resources(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
@@ -20,7 +20,7 @@ def check_resources(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
     scaling = sweep.base.scaling
     largest_cpu = max((node.get("CPU", 0.0) for node in nodes), default=0.0)
     largest_gpu = max((node.get("GPU", 0.0) for node in nodes), default=0.0)
-    if scaling.cpus_per_worker + TRIAL_DRIVER_CPUS > largest_cpu and scaling.cpus_per_worker > largest_cpu:
+    if scaling.cpus_per_worker > largest_cpu:
         raise DetsweepError(f"{sweep.path}: base.scaling.cpus_per_worker: found {scaling.cpus_per_worker}, "
                             f"expected <= {largest_cpu:g} (the most CPUs any node has)")
     if scaling.use_gpu and scaling.gpus_per_worker > largest_gpu:

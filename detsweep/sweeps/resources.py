@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from .spec import Sweep
 
-# The trial's own process only waits on its Ray Train workers; Tune refuses 0 CPUs.
-TRIAL_DRIVER_CPUS = 0.01
+# The trial's own process only waits on its Ray Train workers, so it takes no CPU (a
+# fraction would keep the last worker of a full node from starting). Tune refuses an empty
+# request, so it asks for a little memory instead.
+TRIAL_DRIVER = {"CPU": 0, "memory": 64 * 1024**2}
 
 
 def trials_at_once(sweep: Sweep, cpus: float, gpus: float) -> int:
     """How many trials the cluster fits side by side, from each trial's Ray Train workers."""
     scaling = sweep.base.scaling
-    fits = [cpus // (scaling.num_workers * scaling.cpus_per_worker + TRIAL_DRIVER_CPUS)]
+    fits = [(cpus + 1e-9) // (scaling.num_workers * scaling.cpus_per_worker)]
     if scaling.use_gpu and scaling.gpus_per_worker:
         fits.append(gpus // (scaling.num_workers * scaling.gpus_per_worker))
     return max(0, int(min(fits)))

@@ -18,7 +18,7 @@ from ray import tune
 from detsweep.config.loader import set_path
 from detsweep.trainables.trial import run_trial
 
-from .resources import TRIAL_DRIVER_CPUS
+from .resources import TRIAL_DRIVER
 from .space import grid_points
 from .spec import Sweep
 
@@ -42,16 +42,19 @@ def storage_path(sweep: Sweep) -> str | None:
     return os.path.abspath(os.path.join(sweep.path.parent, sweep.storage))
 
 
-def searcher(sweep: Sweep):
+def searcher(sweep: Sweep, max_concurrent: int):
+    """Optuna's TPE (seeded) or Tune's random/grid generator; both hold ``max_concurrent`` trials
+    at once, so no trial waits for Ray Train workers that cannot be placed."""
     search = sweep.search
     if search.algorithm == "optuna":
         import optuna
+        from ray.tune.search import ConcurrencyLimiter
         from ray.tune.search.optuna import OptunaSearch
 
-        return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=search.seed))
+        return ConcurrencyLimiter(OptunaSearch(sampler=optuna.samplers.TPESampler(seed=search.seed)), max_concurrent)
     from ray.tune.search import BasicVariantGenerator
 
-    return BasicVariantGenerator(random_state=search.seed)
+    return BasicVariantGenerator(random_state=search.seed, max_concurrent=max_concurrent)
 
 
 def scheduler(sweep: Sweep):
@@ -74,13 +77,13 @@ def scheduler(sweep: Sweep):
 
 def build_tuner(sweep: Sweep, max_concurrent: int) -> tune.Tuner:
     search = sweep.search
+    concurrent = search.max_concurrent_trials or max_concurrent
     return tune.Tuner(
-        tune.with_resources(run_trial, {"CPU": TRIAL_DRIVER_CPUS}),
+        tune.with_resources(run_trial, TRIAL_DRIVER),
         param_space=param_space(sweep),
         tune_config=tune.TuneConfig(
             metric=search.metric, mode=search.mode, num_samples=search.num_samples,
-            max_concurrent_trials=search.max_concurrent_trials or max_concurrent,
-            time_budget_s=search.time_budget_s, search_alg=searcher(sweep), scheduler=scheduler(sweep),
+            time_budget_s=search.time_budget_s, search_alg=searcher(sweep, concurrent), scheduler=scheduler(sweep),
         ),
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=storage_path(sweep),

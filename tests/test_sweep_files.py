@@ -1,0 +1,82 @@
+"""Sweep files: what validates, what fails before anything starts, and how many trials a grid makes."""
+
+import json
+
+import pytest
+
+from detsweep.errors import DetsweepError
+from detsweep.sweeps import load_sweep
+from detsweep.sweeps.launch import local_nodes, validation_report
+
+from .conftest import REPO, run_cli
+
+SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+BASE = "base: {from: %s}\n" % (REPO / "configs" / "quickstart.yaml")
+
+
+def sweep_file(write, search: str, name: str = "s") -> str:
+    return str(write("sweep.yaml", f"name: {name}\n{BASE}search:\n{search}"))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_every_shipped_sweep_validates(path):
+    result = run_cli("validate", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["trials"] >= 1 and len(report["samples"]) == 5
+
+
+def test_grid_trial_count_collapses_parameters_a_choice_does_not_use(write):
+    path = sweep_file(write, """
+  algorithm: grid
+  num_samples: 1
+  space:
+    optimizer.type: {grid: [adam, momentum]}
+    optimizer.momentum_optimizer_value: {grid: [0.9, 0.99]}
+    optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02, 0.04]}
+""")
+    report = validation_report(load_sweep(path), local_nodes())
+    # adam ignores momentum: 1 x 3 + 2 x 3 = 9 trials, not 2 x 2 x 3 = 12.
+    assert report["grid_points"] == 9 and report["trials"] == 9
+
+
+def test_set_reaches_the_sweep_and_its_base(write):
+    path = sweep_file(write, "  num_samples: 3\n")
+    sweep = load_sweep(path, ["search.num_samples=2", "base.train.num_steps=40"])
+    assert sweep.search.num_samples == 2 and sweep.base.train.num_steps == 40
+
+
+@pytest.mark.parametrize("search, expected", [
+    ("  space:\n    optimizer.lerning_rate.learning_rate_base: {values: [0.1]}\n",
+     "'lerning_rate' is not a field of the trial config"),
+    ("  space:\n    optimizer.learning_rate.learning_rate_base: {distribution: uniform, min: 0.2, max: 0.1}\n",
+     "min: found 0.2, expected <= max (0.1)"),
+    ("  space:\n    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0, max: 0.1}\n",
+     "min: found 0.0, expected > 0"),
+    ("  algorithm: bayes\n", "search.algorithm: found 'bayes', expected one of random, grid, optuna"),
+    ("  scheduler: {type: hyperband}\n", "search.scheduler.type: found 'hyperband'"),
+    ("  algorithm: optuna\n  space:\n    optimizer.type: {grid: [adam, sgd]}\n",
+     "search.algorithm: found 'optuna', expected random or grid when the space has grid parameters"),
+    ("  space:\n    optimizer.type: {values: [adam, lbfgs]}\n", "the value 'lbfgs' makes the trial invalid"),
+    ("  space:\n    optimizer.moving_average_decay: {values: [0.99, 1.5]}\n", "the value 1.5 makes the trial invalid"),
+])
+def test_bad_sweep_files_fail_in_one_line(write, search, expected):
+    path = sweep_file(write, search)
+    with pytest.raises(DetsweepError) as caught:
+        load_sweep(path)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_resources_no_node_can_satisfy(write):
+    path = sweep_file(write, "  num_samples: 1\n")
+    sweep = load_sweep(path, ["base.scaling.cpus_per_worker=64"])
+    with pytest.raises(DetsweepError, match=r"base.scaling.cpus_per_worker: found 64.0, expected <= 2"):
+        validation_report(sweep, [{"CPU": 2.0}])
+    assert validation_report(sweep, [{"CPU": 2.0}], strict=False)["notes"]  # a dry run only notes it
+
+
+def test_validate_command_exits_2_on_a_bad_file(write):
+    path = sweep_file(write, "  num_samples: 0\n")
+    result = run_cli("validate", path)
+    assert result.returncode == 2 and "search.num_samples: found 0" in result.stderr
+    assert "Traceback" not in result.stderr
