@@ -67,22 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = _command(commands, "validate", validate_command, "check a sweep file and show what it would run (starts nothing)")
     validate.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
-    validate.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
-                          help="override the sweep or its base config, e.g. --set base.train.num_steps=40")
+    _overrides_argument(validate, "override the sweep or its base config, e.g. --set base.train.num_steps=40")
     validate.add_argument("--address", help="size the sweep for this running Ray cluster (default: this machine)")
     validate.add_argument("--json", action="store_true", help="print one JSON object")
 
     launch = _command(commands, "launch", launch_command, "run a sweep on Ray (a local cluster unless --address)")
     launch.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
-    launch.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
-                        help="override the sweep or its base config, e.g. --set search.num_samples=2")
+    _overrides_argument(launch, "override the sweep or its base config, e.g. --set search.num_samples=2")
     launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
     launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best"} at the end')
 
     evaluate = _command(commands, "eval", eval_command, "COCO-evaluate a checkpoint, or score a COCO results file")
     evaluate.add_argument("--checkpoint", help="a detsweep checkpoint directory (evaluated on its config's data.val)")
-    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
-                          help="override the checkpoint's config, e.g. --set data.val.annotations=other.json")
+    _overrides_argument(evaluate, "override the checkpoint's config, e.g. --set data.val.annotations=other.json")
     evaluate.add_argument("--detections", help="a COCO results JSON to score (with --annotations)")
     evaluate.add_argument("--annotations", help="the COCO ground-truth JSON for --detections")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
@@ -103,12 +100,13 @@ def _command(commands, name: str, run: Command, summary: str) -> argparse.Argume
     return sub
 
 
+def _overrides_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help=help)
+
+
 def _config_arguments(parser: argparse.ArgumentParser, what: str = "a detsweep trial config (YAML)") -> None:
     parser.add_argument("config", help=what)
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
-        help="override a field, e.g. --set optimizer.type=adam (repeatable; values are YAML scalars)",
-    )
+    _overrides_argument(parser, "override a field, e.g. --set optimizer.type=adam (repeatable; values are YAML scalars)")
 
 
 # --- commands --------------------------------------------------------------------
