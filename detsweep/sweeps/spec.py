@@ -23,7 +23,7 @@ from detsweep.config.loader import read_trial_tree, read_yaml_mapping, resolve_d
 from detsweep.config.schema import invalid
 from detsweep.errors import DetsweepError
 
-from .space import Parameter, get_path
+from .space import Parameter
 
 
 class Section(BaseModel):
@@ -196,6 +196,3 @@ def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str) 
     if metric.startswith("eval") and not base.data.val:
         raise DetsweepError(f"{path}: base.data.val: found nothing, expected a validation set (the sweep's metric needs it)")
 
-
-def get_base_value(sweep: Sweep, dotted: str) -> Any:
-    return get_path(sweep.base.model_dump(mode="json"), dotted)

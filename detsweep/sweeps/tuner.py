@@ -19,7 +19,7 @@ from detsweep.config.loader import set_path
 from detsweep.trainables.trial import run_trial
 
 from .resources import TRIAL_DRIVER
-from .space import grid_points
+from .space import get_path, grid_points
 from .spec import Sweep
 
 def param_space(sweep: Sweep) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def outcomes(results, sweep: Sweep) -> list[TrialOutcome]:
         tree = copy.deepcopy(result.config.get("trial", {}))
         for dotted, value in result.config.get("point", {}).items():
             set_path(tree, dotted, value)
-        swept = {dotted: _get(tree, dotted) for dotted in paths}
+        swept = {dotted: get_path(tree, dotted) for dotted in paths}
         status = "ERROR" if result.error else (
             "STOPPED" if metrics.get("step", 0) < sweep.base.train.num_steps else "TERMINATED")
         rows.append(TrialOutcome(trial_id, status, metrics, swept,
@@ -121,12 +121,6 @@ def outcomes(results, sweep: Sweep) -> list[TrialOutcome]:
                                  _one_line(result.error) if result.error else None))
     sign = -1 if sweep.search.mode == "max" else 1
     return sorted(rows, key=lambda row: sign * _number(row.metrics.get(sweep.search.metric)))
-
-
-def _get(tree: dict, dotted: str) -> Any:
-    for key in dotted.split("."):
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree
 
 
 def _number(value: Any) -> float:
