@@ -7,6 +7,7 @@ and ``detsweep --help`` or a config error answers at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -76,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     _overrides_argument(launch, "override the sweep or its base config, e.g. --set search.num_samples=2")
     launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
     launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best"} at the end')
+
+    status = _command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
+    status.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
+    status.add_argument("--json", action="store_true", help="print the same object as launch --json")
+
+    resume = _command(commands, "resume", resume_command, "finish an interrupted sweep; finished trials are not run again")
+    resume.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
+    resume.add_argument("--retry-errored", action="store_true", help="also continue errored trials from their last checkpoints")
+    resume.add_argument("--address", help="a running Ray cluster (default: start a local one)")
+    resume.add_argument("--json", action="store_true", help="print the same object as launch --json")
 
     evaluate = _command(commands, "eval", eval_command, "COCO-evaluate a checkpoint, or score a COCO results file")
     evaluate.add_argument("--checkpoint", help="a detsweep checkpoint directory (evaluated on its config's data.val)")
@@ -198,11 +209,47 @@ def launch_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.spec import load_sweep
 
     sweep = load_sweep(args.sweep, args.overrides)
-    report = launch(sweep, args.address)
-    if args.json:
-        print(json.dumps(report, default=str))
-    else:
-        print(format_trials(report, sweep.search.metric))
+    with _progress_to_stderr(args.json):
+        report = launch(sweep, args.address)
+    return _sweep_summary(report, args.json)
+
+
+def status_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.launch import status
+
+    report = status(args.sweep)
+    _sweep_summary(report, args.json)
+    return 0
+
+
+def resume_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.launch import resume
+
+    with _progress_to_stderr(args.json):
+        report = resume(args.sweep, args.address, retry_errored=args.retry_errored)
+    return _sweep_summary(report, args.json)
+
+
+@contextlib.contextmanager
+def _progress_to_stderr(enabled: bool):
+    """With ``--json`` the object must be all of stdout: what Ray and Tune print goes to stderr."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _sweep_summary(report: dict[str, Any], as_json: bool) -> int:
+    """Print the trials; exit code 1 when any trial errored, each with its reason."""
+    print(json.dumps(report, default=str) if as_json else format_trials(report, report["metric"]))
     errored = [trial for trial in report["trials"] if trial["status"] == "ERROR"]
     for trial in errored:
         print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']}", file=sys.stderr)
@@ -213,7 +260,7 @@ def format_trials(report: dict[str, Any], metric: str) -> str:
     lines = [f"{'trial':<14} {'status':<11} {'step':>6} {metric:>14}  swept values"]
     for trial in report["trials"]:
         value = trial["metrics"].get(metric)
-        shown = f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+        shown = f"{value:.4g}" if isinstance(value, (int, float)) else "-"
         swept = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial["config"].items())
         lines.append(f"{trial['trial_id']:<14} {trial['status']:<11} {trial['metrics'].get('step', 0):>6} {shown:>14}  {swept}")
     best = report["best"]
@@ -221,6 +268,9 @@ def format_trials(report: dict[str, Any], metric: str) -> str:
         lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}",
                   f"  config: {best['config']}", f"  checkpoint: {best['checkpoint']}"]
     lines.append(f"results: {report['path']}")
+    unfinished = [t for t in report["trials"] if t["status"] not in ("TERMINATED", "STOPPED", "ERROR")]
+    if unfinished:
+        lines.append(f"{len(unfinished)} trial(s) unfinished: detsweep resume {report['path']}")
     return "\n".join(lines)
 
 

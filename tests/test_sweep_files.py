@@ -46,6 +46,17 @@ def test_set_reaches_the_sweep_and_its_base(write):
     assert sweep.search.num_samples == 2 and sweep.base.train.num_steps == 40
 
 
+def test_set_reaches_space_entries_whose_keys_are_dotted_paths(write):
+    path = sweep_file(write, "  space:\n    optimizer.learning_rate.learning_rate_base: {distribution: uniform, min: 0.01, max: 0.02}\n")
+    sweep = load_sweep(path, ["search.space.optimizer.learning_rate.learning_rate_base.max=0.05",
+                              "search.space.optimizer.moving_average_decay.values=[0.99, 0.999]",
+                              "search.space.optimizer.type={values: [adam, momentum]}"])
+    space = sweep.search.space
+    assert (space["optimizer.learning_rate.learning_rate_base"].min, space["optimizer.learning_rate.learning_rate_base"].max) == (0.01, 0.05)
+    assert space["optimizer.moving_average_decay"].values == [0.99, 0.999]
+    assert space["optimizer.type"].values == ["adam", "momentum"]
+
+
 @pytest.mark.parametrize("search, expected", [
     ("  space:\n    optimizer.lerning_rate.learning_rate_base: {values: [0.1]}\n",
      "'lerning_rate' is not a field of the trial config"),
@@ -59,6 +70,11 @@ def test_set_reaches_the_sweep_and_its_base(write):
      "search.algorithm: found 'optuna', expected random or grid when the space has grid parameters"),
     ("  space:\n    optimizer.type: {values: [adam, lbfgs]}\n", "the value 'lbfgs' makes the trial invalid"),
     ("  space:\n    optimizer.moving_average_decay: {values: [0.99, 1.5]}\n", "the value 1.5 makes the trial invalid"),
+    ("  space:\n    optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02]}\n  scheduler:\n    type: pbt\n"
+     "    mutations:\n      optimizer.learning_rate.learning_rate_base: {values: [0.01, 0.02]}\n",
+     "search.space.optimizer.learning_rate.learning_rate_base: found 'a grid', expected values or a distribution"),
+    ("  space:\n    optimizer.learning_rate.learning_rate_base: {distribution: uniform, min: 0.0001, max: 0.1}\n",
+     "the value 0.0001 makes the trial invalid: optimizer.learning_rate.warmup_learning_rate: found 0.004"),
 ])
 def test_bad_sweep_files_fail_in_one_line(write, search, expected):
     path = sweep_file(write, search)
@@ -80,3 +96,21 @@ def test_validate_command_exits_2_on_a_bad_file(write):
     result = run_cli("validate", path)
     assert result.returncode == 2 and "search.num_samples: found 0" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
+    import yaml
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())
+    validate_config(prepare_config(config))  # what `ray up` checks, with its defaults filled in
+    assert config["provider"]["type"] == "aws"
+    public = config["provider"]["security_group"]["IpPermissions"]
+    assert [(rule["FromPort"], rule["ToPort"]) for rule in public] == [(22, 22)]  # only SSH, from one range
+    assert all(r["CidrIp"] != "0.0.0.0/0" for rule in public for r in rule["IpRanges"])
+    head = " ".join(config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head and "RAY_AUTH_MODE=token" in head
+    assert "mlflow server" in head and "--serve-artifacts" in head
+    assert "RAY_AUTH_MODE=token" in " ".join(config["worker_start_ray_commands"])
+    assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}  # training never on the head
+    assert "~/.ray/auth_token" in config["file_mounts"].values()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -89,15 +89,16 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return tree
 
 
-def validate(model: type[Model], tree: Mapping[str, Any], source: str, overrides: Iterable[str] = ()) -> Model:
-    """Apply ``--set`` overrides to ``tree`` and validate it into ``model``."""
+def validate(model: type[Model], tree: Mapping[str, Any], source: str, overrides: Iterable[str] = (),
+             keyed_by_path: Mapping[str, Collection[str]] = {}) -> Model:
+    """Apply ``--set`` overrides to ``tree`` and validate it into ``model`` (``keyed_by_path``: see :func:`set_path`)."""
     tree = _deep_copy(tree)
     overridden = {}
     for text in overrides:
         path, value = parse_override(text)
         if DATA_PATH.search(path) and isinstance(value, str):
             value = absolute_path(value, Path.cwd())
-        overridden[set_path(tree, path, value)] = text
+        overridden[set_path(tree, path, value, keyed_by_path)] = text
     try:
         return model.model_validate(tree)
     except ValidationError as error:
@@ -123,8 +124,28 @@ def _yaml_number(value: Any) -> Any:
     return value
 
 
-def set_path(tree: dict[str, Any], path: str, value: Any) -> str:
-    """Set ``tree[a][b][c] = value`` for ``a.b.c``, creating mappings on the way; returns the path."""
+def set_path(tree: dict[str, Any], path: str, value: Any, keyed_by_path: Mapping[str, Collection[str]] = {}) -> str:
+    """Set ``tree[a][b][c] = value`` for ``a.b.c``, creating mappings on the way; returns the path.
+
+    ``keyed_by_path`` names mappings whose keys are dotted paths themselves (a sweep's
+    ``search.space``), each with the field names its values have: ``search.space.optimizer.type.values``
+    sets ``values`` of the key ``optimizer.type``.
+    """
+    for prefix, fields in keyed_by_path.items():
+        if path.startswith(prefix + "."):
+            mapping = _mapping_at(tree, prefix, path)
+            rest = path[len(prefix) + 1:]
+            new_key = rest.rsplit(".", 1)[0] if rest.rsplit(".", 1)[-1] in fields else rest
+            key = max((k for k in mapping if rest == k or rest.startswith(k + ".")), key=len, default=new_key)
+            field = rest[len(key) + 1:]
+            if field:
+                entry = mapping.setdefault(key, {})
+                if not isinstance(entry, dict):
+                    raise DetsweepError(f"--set {path}: {prefix}.{key} is {entry!r}, not a section")
+                entry[field] = value
+            else:
+                mapping[key] = value
+            return path
     *parents, leaf = path.split(".")
     node: Any = tree
     for depth, key in enumerate(parents):
@@ -137,6 +158,15 @@ def set_path(tree: dict[str, Any], path: str, value: Any) -> str:
         node = child
     node[leaf] = value
     return path
+
+
+def _mapping_at(tree: dict[str, Any], prefix: str, path: str) -> dict[str, Any]:
+    node: Any = tree
+    for key in prefix.split("."):
+        node = node.setdefault(key, {}) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        raise DetsweepError(f"--set {path}: {prefix} is {node!r}, not a section")
+    return node
 
 
 def describe(error: ValidationError, model: type[BaseModel], source: str, overridden: Mapping[str, str]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 from detsweep.cluster import connect
 from detsweep.errors import DetsweepError
 
+from .experiment import find_experiment, read_outcomes, save_sweep
 from .space import grid_points
 from .spec import Sweep
 from .resources import trials_at_once
@@ -90,7 +91,8 @@ def launch(sweep: Sweep, address: str | None = None) -> dict[str, Any]:
     """Run the sweep to the end; returns the ``detsweep launch --json`` object."""
     from detsweep.trainables.trainer import check_data
 
-    from .tuner import build_tuner, outcomes
+    from .progress import SweepProgress, swept_paths
+    from .tuner import build_tuner
 
     for line in check_data(sweep.base):
         print(line, flush=True)
@@ -98,9 +100,36 @@ def launch(sweep: Sweep, address: str | None = None) -> dict[str, Any]:
     nodes = cluster_nodes()
     check_resources(sweep, nodes)
     fits = trials_at_once(sweep, sum(n.get("CPU", 0) for n in nodes), sum(n.get("GPU", 0) for n in nodes))
-    results = build_tuner(sweep, max(1, fits)).fit()
-    rows = outcomes(results, sweep)
-    trials = [asdict(row) for row in rows]
-    finished = [row for row in trials if row["status"] != "ERROR"]
-    return {"name": sweep.name, "path": results.experiment_path, "trials": trials,
-            "best": finished[0] if finished else None}
+    path = save_sweep(sweep)
+    progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps)
+    build_tuner(sweep, max(1, fits), callbacks=[progress]).fit()
+    return summary(path, sweep)
+
+
+def resume(name_or_path: str, address: str | None = None, retry_errored: bool = False) -> dict[str, Any]:
+    """Finish an interrupted sweep: unfinished trials continue from their last checkpoints,
+    finished ones are not run again; errored ones too with ``retry_errored``."""
+    from ray import tune
+
+    from .tuner import trainable
+
+    path, sweep = find_experiment(name_or_path)
+    if not tune.Tuner.can_restore(path):
+        raise DetsweepError(f"{name_or_path}: {path} holds no Tune experiment state to resume from")
+    connect(address)
+    check_resources(sweep, cluster_nodes())
+    tune.Tuner.restore(path, trainable(), resume_errored=retry_errored).fit()
+    return summary(path, sweep)
+
+
+def status(name_or_path: str) -> dict[str, Any]:
+    """The trials of a sweep, read from its folder; nothing is started."""
+    path, sweep = find_experiment(name_or_path)
+    return summary(path, sweep)
+
+
+def summary(path: str, sweep: Sweep) -> dict[str, Any]:
+    trials = [asdict(row) for row in read_outcomes(path, sweep)]
+    finished = [row for row in trials if row["status"] in ("TERMINATED", "STOPPED")]
+    return {"name": sweep.name, "path": path, "metric": sweep.search.metric,
+            "trials": trials, "best": finished[0] if finished else None}

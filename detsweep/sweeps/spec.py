@@ -36,6 +36,7 @@ class SchedulerSpec(Section):
     reduction_factor: float = Field(3.0, gt=1)
     max_t: int | None = Field(None, gt=0, description="ASHA: steps of the longest trial (default base.train.num_steps)")
     perturbation_interval: int = Field(100, gt=0, description="PBT: training steps between exploit/explore")
+    quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="PBT: the bottom fraction copies the top one")
     mutations: dict[str, Parameter] = Field(default_factory=dict, description="PBT: dotted path → values or a distribution")
 
 
@@ -58,6 +59,9 @@ class SearchSpec(Section):
             raise invalid("algorithm", self.algorithm, "random or grid when the space has grid parameters")
         if self.algorithm == "grid" and not has_grid:
             raise invalid("algorithm", self.algorithm, "a space with at least one grid parameter")
+        for path in self.scheduler.mutations:
+            if path in self.space and self.space[path].is_grid:
+                raise invalid(f"space.{path}", "a grid", "values or a distribution (PBT mutates this path, a grid point cannot change)")
         return self
 
 
@@ -66,6 +70,10 @@ class SweepFile(Section):
     base: dict[str, Any]
     search: SearchSpec = SearchSpec()
     storage: str | None = Field(None, description="a folder or s3:// / gs:// URI; None: Ray's default")
+
+
+# Mappings keyed by dotted trial-config paths, and the fields of their values (for --set).
+KEYED_BY_PATH = {"search.space": set(Parameter.model_fields), "search.scheduler.mutations": set(Parameter.model_fields)}
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> Sweep:
     if isinstance(search, dict):
         search = tree["search"] = dict(search)
         search["space"] = {**_included(search.get("include", []), path), **(search.get("space") or {})}
-    spec = validate(SweepFile, tree, source=str(path), overrides=list(overrides))
+    spec = validate(SweepFile, tree, source=str(path), overrides=list(overrides), keyed_by_path=KEYED_BY_PATH)
     base = validate(TrialConfig, spec.base, source=f"{path}: base")
     _check_space(spec, path)
     _check_reports_carry_the_metric(base, path, spec.search.metric)
@@ -143,7 +151,7 @@ def _check_space(spec: SweepFile, path: Path) -> None:
             try:
                 validate(TrialConfig, tree, source="")
             except DetsweepError as error:
-                reason = str(error).split(": ", 2)[-1]
+                reason = str(error).removeprefix(": ")
                 raise DetsweepError(f"{path}: {where}: the value {value!r} makes the trial invalid: {reason}") from None
 
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray.train
-from ray.train.tensorflow import TensorflowTrainer
 
 from detsweep.cluster import connect
 from detsweep.config import ScalingConfig, TrialConfig
 
 from .worker import train_loop_per_worker
+
+if TYPE_CHECKING:
+    from ray.train.tensorflow import TensorflowTrainer
 
 
 def ray_scaling(scaling: ScalingConfig) -> ray.train.ScalingConfig:
@@ -46,8 +50,9 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
 
 
 def make_trainer(config: TrialConfig, name: str, storage_path: str | None = None,
-                 callbacks: list | None = None, restore_from: str | None = None) -> TensorflowTrainer:
+                 callbacks: list | None = None, restore_from: str | None = None) -> "TensorflowTrainer":
     """``restore_from``: a checkpoint to start from when Ray Train has none of its own yet."""
+    from ray.train.tensorflow import TensorflowTrainer  # imports TensorFlow: only where a trial runs
     return TensorflowTrainer(
         train_loop_per_worker,
         train_loop_config={"trial": config.model_dump(mode="json"), "restore_from": restore_from},
@@ -94,9 +99,20 @@ def run_train(config: TrialConfig, name: str, address: str | None = None, storag
 
 
 def failure_reason(failure: BaseException) -> str:
-    """The innermost error of a failed run, as one line (e.g. ``loss is NaN/Inf at step 12``)."""
+    """The innermost error of a failed run, as one line (e.g. ``loss is NaN/Inf at step 12``):
+    the wrappers Ray puts around a worker's exception (``WorkerGroupError: module.Error: …``) are
+    dropped, and the exception's name is kept only when its message alone would not say much."""
     cause = failure
     while cause.__cause__ is not None:
         cause = cause.__cause__
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[-1] if text else ''}"
+    lines = str(cause).strip().splitlines()
+    text = lines[-1] if lines else ""
+    names = [type(cause).__name__]
+    while match := _EXCEPTION_PREFIX.match(text):
+        names.append(match[1].rsplit(".", 1)[-1])
+        text = text[match.end():]
+    return text if names[-1] in _SELF_EXPLAINING else f"{names[-1]}: {text}"
+
+
+_EXCEPTION_PREFIX = re.compile(r"([\w.]*(?:Error|Exception|Diverged|Failed)):\s*")
+_SELF_EXPLAINING = {"TrainingDiverged", "DetsweepError"}

@@ -10,6 +10,7 @@ trial reports passes through one place.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import ray.train
@@ -45,8 +46,11 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     context = ray.tune.get_context()
     restore = ray.tune.get_checkpoint()  # PBT's exploit, or a resumed sweep
     queue: Queue = Queue(actor_options={"num_cpus": 0})
+    # A new Ray Train run at every start: one with the same name would resume from its own
+    # latest checkpoint, not from the one Tune hands over (PBT's exploit must win).
+    started = time.strftime("%Y%m%d-%H%M%S")
     trainer = make_trainer(
-        config, name=f"{context.get_experiment_name()}-train-{context.get_trial_id()}",
+        config, name=f"{context.get_experiment_name()}-train-{context.get_trial_id()}-{started}",
         storage_path=tune_config.get("storage"), callbacks=[ForwardReports(queue)],
         restore_from=restore.path if restore else None,
     )

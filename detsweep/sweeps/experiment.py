@@ -1,0 +1,153 @@
+"""A sweep's experiment folder: the as-run sweep file in it, finding it by name, reading its trials.
+
+``detsweep launch`` writes ``sweep.yaml`` (the sweep with ``--set`` applied, the base
+config inline and every default filled in) next to Tune's own experiment state, so that
+``detsweep status`` and ``detsweep resume`` need nothing but the folder, on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detsweep.errors import DetsweepError
+
+from .progress import swept_paths, swept_values
+from .spec import Sweep, load_sweep
+
+SWEEP_FILE = "sweep.yaml"
+RAY_DEFAULT_STORAGE = "~/ray_results"
+
+
+def storage_path(sweep: Sweep) -> str | None:
+    """The sweep's ``storage``: URIs as given, folders made absolute against the sweep file."""
+    if sweep.storage is None or "://" in sweep.storage:
+        return sweep.storage
+    return os.path.abspath(os.path.join(sweep.path.parent, sweep.storage))
+
+
+def experiment_path(sweep: Sweep) -> str:
+    root = storage_path(sweep) or os.path.expanduser(RAY_DEFAULT_STORAGE)
+    return f"{root.rstrip('/')}/{sweep.name}"
+
+
+def as_run(sweep: Sweep) -> dict[str, Any]:
+    """The sweep file that reproduces this sweep on its own."""
+    search = sweep.search.model_dump(mode="json", exclude={"include", "space", "scheduler"})
+    search["space"] = {path: p.model_dump(mode="json", exclude_none=True) for path, p in sweep.search.space.items()}
+    scheduler = sweep.search.scheduler.model_dump(mode="json", exclude={"mutations"})
+    scheduler["mutations"] = {path: p.model_dump(mode="json", exclude_none=True)
+                              for path, p in sweep.search.scheduler.mutations.items()}
+    search["scheduler"] = scheduler
+    return {"name": sweep.name, "base": sweep.base.model_dump(mode="json"), "search": search,
+            "storage": storage_path(sweep)}
+
+
+def save_sweep(sweep: Sweep) -> str:
+    """Write ``sweep.yaml`` into the experiment folder (local or a bucket); returns the folder."""
+    import pyarrow.fs
+
+    path = experiment_path(sweep)
+    filesystem, folder = pyarrow.fs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
+    filesystem.create_dir(folder, recursive=True)
+    with filesystem.open_output_stream(f"{folder}/{SWEEP_FILE}") as out:
+        out.write(yaml.safe_dump(as_run(sweep), sort_keys=False).encode())
+    return path
+
+
+def find_experiment(name_or_path: str) -> tuple[str, Sweep]:
+    """A sweep folder, a sweep file (its ``storage``/``name``), or a name under ``~/ray_results``."""
+    candidates = [name_or_path]
+    if name_or_path.endswith((".yaml", ".yml")) and Path(name_or_path).is_file():
+        candidates = [experiment_path(load_sweep(name_or_path))]
+    elif "/" not in name_or_path and not Path(name_or_path).exists():
+        candidates = [os.path.join(os.path.expanduser(RAY_DEFAULT_STORAGE), name_or_path)]
+    path = candidates[0] if "://" in candidates[0] else os.path.abspath(candidates[0])
+    text = _read_text(f"{path.rstrip('/')}/{SWEEP_FILE}")
+    if text is None:
+        raise DetsweepError(f"{name_or_path}: found no {SWEEP_FILE} at {path}, expected a folder made by "
+                            f"detsweep launch, a sweep file, or a sweep name under {RAY_DEFAULT_STORAGE}")
+    with tempfile.TemporaryDirectory() as folder:  # load_sweep reads files; the folder may be a bucket
+        local = Path(folder, SWEEP_FILE)
+        local.write_text(text)
+        return path, load_sweep(local)
+
+
+def _read_text(uri: str) -> str | None:
+    import pyarrow.fs
+
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(uri)
+    if filesystem.get_file_info(path).type != pyarrow.fs.FileType.File:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        return stream.readall().decode()
+
+
+@dataclass
+class TrialOutcome:
+    trial_id: str
+    status: str  # TERMINATED, STOPPED (by the scheduler or the time budget), ERROR, or PENDING/RUNNING/PAUSED
+    metrics: dict[str, Any]
+    config: dict[str, Any]  # the swept values, by dotted path
+    checkpoint: str | None  # the trial's best checkpoint by the sweep's metric
+    error: str | None
+
+
+def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
+    """Every trial of the experiment at ``path``, best first, read from Tune's saved state."""
+    from ray.tune import ExperimentAnalysis, ResultGrid
+
+    analysis = ExperimentAnalysis(path, default_metric=sweep.search.metric, default_mode=sweep.search.mode)
+    paths = swept_paths(sweep)
+    rows = []
+    for trial, result in zip(analysis.trials, ResultGrid(analysis)):
+        metrics = {k: v for k, v in (trial.last_result or {}).items() if "/" in k or k == "step"}
+        rows.append(TrialOutcome(
+            trial.trial_id, _status(trial.status, metrics, sweep), metrics,
+            swept_values(trial.config, paths), _best_checkpoint(result, sweep),
+            error_line(trial.get_error()) if trial.status == "ERROR" else None,
+        ))
+    sign = -1 if sweep.search.mode == "max" else 1
+
+    def rank(row: TrialOutcome) -> tuple[bool, float]:  # by the last value, as Tune ranks; none last
+        value = _number(row.metrics.get(sweep.search.metric))
+        return math.isinf(value), sign * value if not math.isinf(value) else 0.0
+
+    return sorted(rows, key=rank)
+
+
+def _status(status: str, metrics: dict[str, Any], sweep: Sweep) -> str:
+    if status == "TERMINATED" and metrics.get("step", 0) < sweep.base.train.num_steps:
+        return "STOPPED"
+    return status
+
+
+def _best_checkpoint(result, sweep: Sweep) -> str | None:
+    ranked = [(checkpoint, metrics) for checkpoint, metrics in (result.best_checkpoints or [])
+              if not math.isinf(_number(metrics.get(sweep.search.metric)))]
+    if not ranked:
+        return result.checkpoint.path if result.checkpoint else None
+    pick = max if sweep.search.mode == "max" else min
+    return pick(ranked, key=lambda pair: pair[1][sweep.search.metric])[0].path
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not math.isnan(value) else math.inf
+
+
+def error_line(error: BaseException | str | None) -> str:
+    """A trial's error as one line: the reason ``run_trial`` gave, else the innermost message."""
+    cause = error
+    while getattr(cause, "__cause__", None) is not None:
+        cause = cause.__cause__
+    lines = [line for line in str(cause or "").strip().splitlines() if line.strip()]
+    for line in reversed(lines):  # Ray wraps the trial's error: keep its own last line
+        if "TrialFailed:" in line:
+            return line.split("TrialFailed:", 1)[1].strip()
+    return lines[-1] if lines else type(cause).__name__

@@ -1,0 +1,312 @@
+"""Sweeps run for real: ``detsweep launch``, ``status`` and ``resume`` on a local Ray cluster,
+with ASHA, Optuna and PBT, a diverging trial, a killed training worker and a killed driver.
+
+Trials are tiny (synthetic 128 px images, 20-40 steps), so most of each test is Ray
+starting trials; every test runs its sweep once and checks all it can on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, run_cli
+
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+
+
+def tiny_sweep(tmp_path: Path, search: str, num_steps: int = 20, every: int = 5, name: str = "tiny",
+               scaling: str = "{}") -> Path:
+    """A sweep file of tiny quickstart trials, its results kept under ``tmp_path/ray``."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"""
+name: {name}
+storage: {tmp_path / "ray"}
+base:
+  from: {QUICKSTART}
+  data: {{train: {{num_images: 16}}, val: {{num_images: 8}}}}
+  train: {{num_steps: {num_steps}, steps_per_loop: {every}, eval_every: {every}, checkpoint_every: {every}}}
+  optimizer:
+    learning_rate: {{total_steps: {num_steps}, warmup_steps: 2, warmup_learning_rate: 0.00001}}
+  scaling: {scaling}
+search:
+{search}
+""")
+    return path
+
+
+def results_of(experiment: Path) -> dict[str, list[dict]]:
+    """Every result Tune recorded, per trial id, in the order they arrived."""
+    rows = {}
+    for trial_dir in sorted(experiment.glob("trial_*")):
+        lines = (trial_dir / "result.json").read_text().splitlines() if (trial_dir / "result.json").exists() else []
+        rows[trial_dir.name.removeprefix("trial_")] = [json.loads(line) for line in lines if line.strip()]
+    return rows
+
+
+def launch_json(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    result = run_cli("launch", *args, "--json")
+    assert result.stdout.count("\n") == 1, f"--json must print one line, got:\n{result.stdout[-2000:]}"
+    return result, json.loads(result.stdout)
+
+
+def lr_of(trial: dict) -> float:
+    return trial["config"]["optimizer.learning_rate.learning_rate_base"]
+
+
+def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tmp_path):
+    # Ranked by the learning rate itself (train/lr, max), ASHA's decisions are known in
+    # advance: the two smallest rates lose at the first rung, wherever they arrive.
+    sweep = tiny_sweep(tmp_path, """
+  metric: train/lr
+  mode: max
+  algorithm: grid
+  num_samples: 1
+  max_concurrent_trials: 2
+  scheduler: {type: asha, grace_period: 5, reduction_factor: 2}
+  space:
+    optimizer.learning_rate.learning_rate_base: {grid: [0.02, 0.01, 1.0e+12, 0.0001, 0.00003]}
+""")
+    result, report = launch_json(str(sweep))
+    assert result.returncode == 1, result.stderr[-3000:]  # one trial errored
+    by_lr = {lr_of(trial): trial for trial in report["trials"]}
+    assert set(by_lr) == {0.02, 0.01, 1e12, 0.0001, 0.00003}
+
+    assert by_lr[0.02]["status"] == "TERMINATED" and by_lr[0.02]["metrics"]["step"] == 20
+    for weak in (0.0001, 0.00003):
+        assert by_lr[weak]["status"] == "STOPPED" and by_lr[weak]["metrics"]["step"] < 20
+    diverged = by_lr[1e12]
+    assert diverged["status"] == "ERROR" and diverged["error"].startswith("loss is NaN/Inf at step")
+    assert f"trial {diverged['trial_id']} failed: loss is NaN/Inf at step" in result.stderr
+
+    ranked = [t["metrics"]["train/lr"] for t in report["trials"] if t["status"] != "ERROR"]
+    assert ranked == sorted(ranked, reverse=True) and report["trials"][-1]["status"] == "ERROR"
+    assert report["best"] == report["trials"][0]
+    assert Path(report["best"]["checkpoint"], "meta.json").exists()  # a detsweep checkpoint, kept by Tune
+    experiment = Path(report["path"])
+    assert (experiment / "sweep.yaml").exists()
+    for rows in results_of(experiment).values():  # Tune heard every loop, at training-step granularity
+        assert [row["step"] for row in rows] == list(range(5, 5 * len(rows) + 1, 5))
+
+    # status reads the same trials back, by folder or by sweep file, without starting anything
+    for where in (report["path"], str(sweep)):
+        status = run_cli("status", where, "--json")
+        assert status.returncode == 0, status.stderr
+        again = json.loads(status.stdout)
+        assert {(t["trial_id"], t["status"]) for t in again["trials"]} == {(t["trial_id"], t["status"]) for t in report["trials"]}
+    shown = run_cli("status", report["path"])
+    assert "STOPPED" in shown.stdout and "ERROR" in shown.stdout and f"best trial {report['best']['trial_id']}" in shown.stdout
+
+
+def test_optuna_sweep_samples_with_a_seeded_tpe(tmp_path):
+    import optuna
+
+    sweep = tiny_sweep(tmp_path, """
+  metric: train/loss
+  mode: min
+  num_samples: 2
+  algorithm: optuna
+  seed: 3
+  space:
+    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
+""", num_steps=10)
+    result, report = launch_json(str(sweep))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
+    # TPE starts with its seeded random sampler: the two trials get its first two draws.
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3))
+    distribution = optuna.distributions.FloatDistribution(0.001, 0.02, log=True)
+    expected = [study.ask({"x": distribution}).params["x"] for _ in range(2)]
+    assert sorted(lr_of(t) for t in report["trials"]) == pytest.approx(sorted(expected))
+    assert list(Path(report["path"]).glob("searcher-state-*.pkl"))  # the searcher is saved for resume
+
+
+def test_pbt_exploit_continues_from_the_better_trials_checkpoint_with_a_well_defined_schedule(tmp_path):
+    from detsweep.config.schema import LearningRateConfig
+    from detsweep.optim import build_schedule
+    from detsweep.sweeps.progress import swept_values
+
+    # Ranked by the learning rate itself, the 0.03 trial is always on top and the 0.001
+    # trial copies it at its first perturbation: its weights, its config, a new EMA decay.
+    sweep = tiny_sweep(tmp_path, """
+  metric: train/lr
+  mode: max
+  algorithm: grid
+  num_samples: 1
+  space:
+    optimizer.learning_rate.learning_rate_base: {grid: [0.001, 0.03]}
+  scheduler:
+    type: pbt
+    perturbation_interval: 10
+    quantile_fraction: 0.5
+    mutations:
+      optimizer.moving_average_decay: {values: [0.99, 0.995, 0.999]}
+""", num_steps=30, every=10)
+    result, report = launch_json(str(sweep))
+    assert result.returncode == 0, result.stderr[-3000:]
+    experiment = Path(report["path"])
+    assert (experiment / "pbt_global.txt").read_text().strip(), "PBT never exploited"
+    lr_path = "optimizer.learning_rate.learning_rate_base"
+    exploited = [rows for rows in results_of(experiment).values()
+                 if swept_values(rows[0]["config"], [lr_path])[lr_path] == 0.001]
+    rows = exploited[0]
+    assert swept_values(rows[-1]["config"], [lr_path])[lr_path] == 0.03  # it took the better trial's config
+    steps = [row["step"] for row in rows]
+    assert steps == sorted(set(steps)) and steps[-1] == 30, steps  # from the checkpoint, never from step 0
+    for row in rows:  # the rate at every step follows the schedule of the config in force then
+        tree = row["config"]["trial"]["optimizer"]["learning_rate"]
+        rate = {**tree, "learning_rate_base": swept_values(row["config"], [lr_path])[lr_path]}
+        schedule = build_schedule(LearningRateConfig.model_validate(rate))
+        assert row["train/lr"] == pytest.approx(float(schedule(row["step"] - 1)), rel=1e-5)
+
+
+def test_a_killed_training_worker_resumes_from_its_checkpoint_and_ends_at_num_steps(tmp_path):
+    import psutil
+
+    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n", num_steps=40, every=10,
+                       scaling="{max_failures: 1}")
+    process = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--json"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = wait_and_kill_worker(tmp_path / "ray", psutil)
+    stdout, stderr = process.communicate(timeout=600)
+    assert killed, "no Ray Train worker was found to kill"
+    assert process.returncode == 0, stderr[-3000:]
+    trial = json.loads(stdout)["trials"][0]
+    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40
+    steps = [row["step"] for row in next(iter(results_of(Path(json.loads(stdout)["path"])).values()))]
+    assert steps == [10, 20, 30, 40]  # continued from the checkpoint: no step reported twice
+
+
+def wait_and_kill_worker(storage: Path, psutil, timeout: float = 300) -> bool:
+    """Once the trial's Ray Train run has saved a checkpoint, SIGKILL its training worker."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if list(storage.glob("*-train-*/checkpoint_*")):
+            for process in psutil.process_iter(["cmdline"]):
+                if any("RayTrainWorker" in part for part in process.info["cmdline"] or []):
+                    process.kill()
+                    return True
+        time.sleep(0.5)
+    return False
+
+
+def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_trials(tmp_path):
+    sweep = tiny_sweep(tmp_path, """
+  metric: train/loss
+  mode: min
+  algorithm: grid
+  num_samples: 1
+  max_concurrent_trials: 1
+  space:
+    optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02]}
+""", num_steps=30, every=10)
+    driver = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep)], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    experiment = tmp_path / "ray" / "tiny"
+    deadline = time.monotonic() + 300
+    while not list(experiment.glob("trial_*/checkpoint_*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert list(experiment.glob("trial_*/checkpoint_*")), "no trial saved a checkpoint in time"
+    time.sleep(2)  # let Tune write its experiment state with that checkpoint
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
+    driver.wait()
+    killed_at = time.time()
+
+    unfinished = json.loads(run_cli("status", str(experiment), "--json").stdout)
+    assert any(t["status"] not in ("TERMINATED", "STOPPED") for t in unfinished["trials"])
+
+    result = run_cli("resume", str(experiment), "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert len(report["trials"]) == 2
+    assert all(t["status"] == "TERMINATED" and t["metrics"]["step"] == 30 for t in report["trials"])
+    for trial_id, rows in results_of(experiment).items():
+        before = [row["step"] for row in rows if row["timestamp"] < killed_at]
+        after = [row["step"] for row in rows if row["timestamp"] >= killed_at]
+        if before:  # a trial that had reported went on from a checkpoint, not from step 0
+            assert after == [] or after[0] > 10, (trial_id, before, after)
+
+
+def test_a_sweep_spreads_over_a_two_node_cluster_by_address_and_by_ray_job_submit(tmp_path, monkeypatch):
+    """A real two-node Ray cluster on this machine (a head and a second raylet, one CPU
+    each, token authentication on): each trial's worker lands on its own node."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    if not Path("~/.ray/auth_token").expanduser().exists():
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"], check=True)
+    dashboard_port = free_port()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        assert len(nodes) == 2
+        search = "  num_samples: 2\n  metric: train/loss\n  mode: min\n"
+
+        seen = watch_train_worker_nodes()
+        result, report = launch_json(str(tiny_sweep(tmp_path, search, num_steps=10, name="by_address")),
+                                     "--address", cluster.address)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
+        assert seen.stop() == nodes  # the two trials' workers ran on both nodes
+
+        seen = watch_train_worker_nodes()
+        job = subprocess.run(
+            [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}",
+             "--", sys.executable, "-m", "detsweep", "launch", str(tiny_sweep(tmp_path, search, num_steps=10, name="by_job")),
+             "--address", "auto", "--json"],
+            capture_output=True, text=True, cwd=REPO, timeout=900)
+        assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
+        printed = [json.loads(line) for line in job.stdout.splitlines() if line.startswith('{"name"')]
+        assert [t["status"] for t in printed[0]["trials"]] == ["TERMINATED", "TERMINATED"]
+        assert seen.stop() == nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class watch_train_worker_nodes:
+    """Polls Ray's state API in the background for the nodes that run Ray Train workers."""
+
+    def __init__(self):
+        import threading
+
+        self.nodes: set[str] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        from ray.util.state import list_actors
+
+        while not self._done.is_set():
+            try:
+                actors = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+                self.nodes.update(actor.node_id for actor in actors)
+            except Exception:  # the state API can be briefly unavailable; the next poll will do
+                pass
+            self._done.wait(1.0)
+
+    def stop(self) -> set[str]:
+        self._done.set()
+        self._thread.join()
+        return self.nodes
