@@ -6,9 +6,9 @@ INSTALLED := $(VENV)/.installed
 
 .PHONY: demo test clean
 
+# The quickstart sweep: 4 trials on synthetic shapes, ASHA, about 10 minutes on 2 cores.
 demo: $(INSTALLED)
-	@mkdir -p demo-out
-	$(BIN)/detsweep optimizer configs/quickstart.yaml --plot demo-out/lr_schedule.png
+	$(BIN)/detsweep launch sweeps/quickstart.yaml --set storage=$(CURDIR)/demo-out/ray
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest

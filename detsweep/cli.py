@@ -265,7 +265,9 @@ def format_trials(report: dict[str, Any], metric: str) -> str:
         lines.append(f"{trial['trial_id']:<14} {trial['status']:<11} {trial['metrics'].get('step', 0):>6} {shown:>14}  {swept}")
     best = report["best"]
     if best:
-        lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}",
+        also = ", ".join(f"{key} {best['metrics'][key]:.3f}" for key in ("eval/AP50", "eval_ema/AP50")
+                         if key != metric and isinstance(best["metrics"].get(key), (int, float)))
+        lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}" + (f" ({also})" if also else ""),
                   f"  config: {best['config']}", f"  checkpoint: {best['checkpoint']}"]
     lines.append(f"results: {report['path']}")
     unfinished = [t for t in report["trials"] if t["status"] not in ("TERMINATED", "STOPPED", "ERROR")]

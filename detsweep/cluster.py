@@ -16,7 +16,10 @@ def connect(address: str | None = None) -> None:
         return
     # A trial stopped by a scheduler frees its Ray Train workers a little after it ends; the
     # next trial's workers wait for them instead of failing after Ray Train's default 60 s.
-    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800")}
+    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800"),
+           # Ray Train routes every print in a worker through its logger, past redirect_stdout:
+           # pycocotools' progress would fill the console at every evaluation.
+           "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")}
     try:
         ray.init(address=address, logging_level=logging.WARNING, configure_logging=True,
                  runtime_env={"env_vars": env})

@@ -1,4 +1,5 @@
-"""``detsweep validate`` and ``detsweep launch``: check a sweep, run it on Ray, summarise it."""
+"""``detsweep validate``, ``launch``, ``resume`` and ``status``: check a sweep, run it on Ray,
+finish it after an interruption, and summarise its trials."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from detsweep.cluster import connect
 from detsweep.errors import DetsweepError
 
 from .experiment import find_experiment, read_outcomes, save_sweep
+from .resources import trials_at_once
 from .space import grid_points
 from .spec import Sweep
-from .resources import trials_at_once
 
 
 def check_resources(sweep: Sweep, nodes: list[dict[str, float]]) -> None:

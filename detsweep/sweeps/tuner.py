@@ -1,4 +1,4 @@
-"""A validated sweep → a Ray Tune ``Tuner`` (searcher, scheduler, trial trainable), and its results.
+"""A validated sweep → a Ray Tune ``Tuner``: searcher, scheduler, and the trial trainable.
 
 The objects are the ones Ray Tune users compose by hand: ``BasicVariantGenerator`` or
 ``OptunaSearch`` (TPE, seeded), and ``FIFOScheduler``, ``ASHAScheduler`` or
@@ -15,8 +15,8 @@ from ray import tune
 from detsweep.config.loader import set_path
 from detsweep.trainables.trial import run_trial
 
-from .resources import TRIAL_DRIVER
 from .experiment import storage_path
+from .resources import TRIAL_DRIVER
 from .space import grid_points
 from .spec import Sweep
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 
 import ray.train
@@ -16,6 +17,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     every loop to Ray: metrics from every worker (Ray keeps rank 0's), checkpoints from rank 0."""
     from detsweep.train import WorkerContext, run_training  # TensorFlow loads in the worker only
 
+    # Ray Train logs every report in full at INFO; our progress lines already say it.
+    logging.getLogger("ray.train.v2._internal.execution.context").setLevel(logging.WARNING)
     config = TrialConfig.model_validate(loop_config["trial"])
     rank = ray.train.get_context().get_world_rank()
     latest = ray.train.get_checkpoint()
