@@ -7,14 +7,13 @@ and ``detsweep --help`` or a config error answers at once.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -209,47 +208,39 @@ def launch_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.spec import load_sweep
 
     sweep = load_sweep(args.sweep, args.overrides)
-    with _progress_to_stderr(args.json):
-        report = launch(sweep, args.address)
-    return _sweep_summary(report, args.json)
+    out = _summary_stream(args.json)
+    return _sweep_summary(launch(sweep, args.address), args.json, out)
 
 
 def status_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.launch import status
 
-    report = status(args.sweep)
-    _sweep_summary(report, args.json)
+    _sweep_summary(status(args.sweep), args.json, sys.stdout)
     return 0
 
 
 def resume_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.launch import resume
 
-    with _progress_to_stderr(args.json):
-        report = resume(args.sweep, args.address, retry_errored=args.retry_errored)
-    return _sweep_summary(report, args.json)
+    out = _summary_stream(args.json)
+    return _sweep_summary(resume(args.sweep, args.address, retry_errored=args.retry_errored), args.json, out)
 
 
-@contextlib.contextmanager
-def _progress_to_stderr(enabled: bool):
-    """With ``--json`` the object must be all of stdout: what Ray and Tune print goes to stderr."""
-    if not enabled:
-        yield
-        return
+def _summary_stream(as_json: bool) -> TextIO:
+    """With ``--json`` the object must be all of stdout. Ray's log monitor keeps writing to
+    file descriptor 1 until the process exits, so fd 1 goes to stderr for good and the
+    summary gets a private copy of the real stdout."""
+    if not as_json:
+        return sys.stdout
     sys.stdout.flush()
-    saved = os.dup(1)
+    out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+    return out
 
 
-def _sweep_summary(report: dict[str, Any], as_json: bool) -> int:
+def _sweep_summary(report: dict[str, Any], as_json: bool, out: TextIO) -> int:
     """Print the trials; exit code 1 when any trial errored, each with its reason."""
-    print(json.dumps(report, default=str) if as_json else format_trials(report, report["metric"]))
+    print(json.dumps(report, default=str) if as_json else format_trials(report, report["metric"]), file=out, flush=True)
     errored = [trial for trial in report["trials"] if trial["status"] == "ERROR"]
     for trial in errored:
         print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']}", file=sys.stderr)
