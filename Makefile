@@ -4,14 +4,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
+# The MLflow UI test drives Debian's Chromium, headless.
+BROWSER := /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 .PHONY: demo test clean
 
 # The quickstart sweep: 4 trials on synthetic shapes, ASHA, about 10 minutes on 2 cores.
 demo: $(INSTALLED)
 	$(BIN)/detsweep launch sweeps/quickstart.yaml --set storage=$(CURDIR)/demo-out/ray
 
-test: $(INSTALLED)
+test: $(INSTALLED) $(BROWSER)
 	$(BIN)/python -m pytest
+
+$(BROWSER):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver
 
 # Reinstalls when pyproject.toml changes; the venv itself is made only when missing.
 $(INSTALLED): pyproject.toml
@@ -21,4 +29,4 @@ $(INSTALLED): pyproject.toml
 	touch $@
 
 clean:
-	rm -rf demo-out .pytest_cache
+	rm -rf demo-out .pytest_cache mlflow.db mlartifacts

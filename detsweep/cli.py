@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
     _overrides_argument(launch, "override the sweep or its base config, e.g. --set search.num_samples=2")
     launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
-    launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best"} at the end')
+    launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best", "mlflow"} at the end')
+    launch.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
 
     status = _command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
     status.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
@@ -86,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--retry-errored", action="store_true", help="also continue errored trials from their last checkpoints")
     resume.add_argument("--address", help="a running Ray cluster (default: start a local one)")
     resume.add_argument("--json", action="store_true", help="print the same object as launch --json")
+    resume.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
+
+    ui = _command(commands, "ui", ui_command, "open the MLflow dashboard: mlflow ui on the embedded backend, or the server's URL")
+    ui.add_argument("--config", help="a trial config or sweep file whose tracking.uri to use (default: $MLFLOW_TRACKING_URI, else mlflow.db here)")
+    ui.add_argument("--port", type=int, default=5000, help="for mlflow ui (default: 5000)")
 
     evaluate = _command(commands, "eval", eval_command, "COCO-evaluate a checkpoint, or score a COCO results file")
     evaluate.add_argument("--checkpoint", help="a detsweep checkpoint directory (evaluated on its config's data.val)")
@@ -209,7 +215,7 @@ def launch_command(args: argparse.Namespace) -> int:
 
     sweep = load_sweep(args.sweep, args.overrides)
     out = _summary_stream(args.json)
-    return _sweep_summary(launch(sweep, args.address), args.json, out)
+    return _sweep_summary(launch(sweep, args.address, register=not args.no_register), args.json, out)
 
 
 def status_command(args: argparse.Namespace) -> int:
@@ -223,7 +229,35 @@ def resume_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.launch import resume
 
     out = _summary_stream(args.json)
-    return _sweep_summary(resume(args.sweep, args.address, retry_errored=args.retry_errored), args.json, out)
+    report = resume(args.sweep, args.address, retry_errored=args.retry_errored, register=not args.no_register)
+    return _sweep_summary(report, args.json, out)
+
+
+def ui_command(args: argparse.Namespace) -> int:
+    """A server's URL is printed (it is already serving); the embedded backend gets ``mlflow ui``."""
+    from detsweep.tracking import resolve_backend
+    from detsweep.tracking.backend import ui_command_line
+
+    backend = resolve_backend(_tracking_of(args.config))
+    if backend.is_server:
+        print(f"MLflow: {backend.uri}")
+        return 0
+    command = ui_command_line(backend, args.port)
+    print(f"MLflow: http://127.0.0.1:{args.port} ({' '.join(command)})", flush=True)
+    os.execvp(command[0], command)
+    return 0  # not reached
+
+
+def _tracking_of(path: str | None):
+    from detsweep.config import TrackingConfig, load_trial_config, read_yaml_mapping
+
+    if path is None:
+        return TrackingConfig()
+    if "search" in read_yaml_mapping(path):  # a sweep file
+        from detsweep.sweeps.spec import load_sweep
+
+        return load_sweep(path).base.tracking
+    return load_trial_config(path).tracking
 
 
 def _summary_stream(as_json: bool) -> TextIO:

@@ -8,8 +8,9 @@ import os
 from detsweep.errors import DetsweepError
 
 
-def connect(address: str | None = None) -> None:
-    """``ray.init`` once per process: ``address`` of a running cluster, or a new local one."""
+def connect(address: str | None = None, env: dict[str, str] | None = None) -> None:
+    """``ray.init`` once per process: ``address`` of a running cluster, or a new local one;
+    ``env`` is added to every Ray worker's environment (MLflow credentials)."""
     import ray
 
     if ray.is_initialized():
@@ -19,7 +20,7 @@ def connect(address: str | None = None) -> None:
     env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800"),
            # Ray Train routes every print in a worker through its logger, past redirect_stdout:
            # pycocotools' progress would fill the console at every evaluation.
-           "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")}
+           "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0"), **(env or {})}
     try:
         ray.init(address=address, logging_level=logging.WARNING, configure_logging=True,
                  runtime_env={"env_vars": env})

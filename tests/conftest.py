@@ -25,9 +25,9 @@ def write(tmp_path: Path):
     return _write
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the installed ``detsweep`` command as a user would, in a separate process."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "detsweep.cli", *args], capture_output=True, text=True, cwd=cwd or REPO, env=env
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO, run_cli
+from .mlflow_checks import assert_no_secret, check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
@@ -51,8 +52,9 @@ def results_of(experiment: Path) -> dict[str, list[dict]]:
     return rows
 
 
-def launch_json(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    result = run_cli("launch", *args, "--json")
+def launch_json(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    """``detsweep launch … --json`` in ``cwd``: MLflow's embedded default lands there."""
+    result = run_cli("launch", *args, "--json", cwd=cwd, env=env)
     assert result.stdout.count("\n") == 1, f"--json must print one line, got:\n{result.stdout[-2000:]}"
     return result, json.loads(result.stdout)
 
@@ -74,7 +76,7 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tmp
   space:
     optimizer.learning_rate.learning_rate_base: {grid: [0.02, 0.01, 1.0e+12, 0.0001, 0.00003]}
 """)
-    result, report = launch_json(str(sweep))
+    result, report = launch_json(str(sweep), cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]  # one trial errored
     by_lr = {lr_of(trial): trial for trial in report["trials"]}
     assert set(by_lr) == {0.02, 0.01, 1e12, 0.0001, 0.00003}
@@ -104,8 +106,21 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tmp
     shown = run_cli("status", report["path"])
     assert "STOPPED" in shown.stdout and "ERROR" in shown.stdout and f"best trial {report['best']['trial_id']}" in shown.stdout
 
+    # MLflow, embedded default: mlflow.db and mlartifacts/ in the working directory
+    assert report["mlflow"]["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    children = check_mlflow_runs(report, num_steps=20, every=5)
+    for trial in report["trials"]:
+        run = children[trial["trial_id"]]
+        expected = {"TERMINATED": "FINISHED", "STOPPED": "KILLED", "ERROR": "FAILED"}[trial["status"]]
+        assert run.info.status == expected, (trial, run.info.status)
+        assert (run.data.tags.get("early_stopped") == "true") == (trial["status"] == "STOPPED")
+    failed = children[diverged["trial_id"]]
+    assert "loss is NaN/Inf at step" in failed.data.tags["detsweep.error"]
+    assert (tmp_path / "mlartifacts" / "tiny").is_dir()
+    check_mlflow_ui(report, cwd=tmp_path, screenshot=tmp_path / "mlflow-ui.png")
 
-def test_optuna_sweep_samples_with_a_seeded_tpe(tmp_path):
+
+def test_optuna_sweep_samples_with_a_seeded_tpe_and_logs_to_a_basic_auth_tracking_server(tmp_path, monkeypatch):
     import optuna
 
     sweep = tiny_sweep(tmp_path, """
@@ -117,9 +132,25 @@ def test_optuna_sweep_samples_with_a_seeded_tpe(tmp_path):
   space:
     optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
 """, num_steps=10)
-    result, report = launch_json(str(sweep))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
+    password = "S3cret-for-detsweep-tests"
+    with mlflow_server(tmp_path, admin_password=password) as uri:
+        wrong = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}
+        refused = run_cli("launch", str(sweep), cwd=tmp_path, env=wrong)
+        assert refused.returncode == 2 and refused.stderr.strip() == (
+            f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} refused the credentials in "
+            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (HTTP 401); expected a user it accepts")
+        assert not (tmp_path / "ray").exists()  # refused before anything started
+
+        right = {**wrong, "MLFLOW_TRACKING_PASSWORD": password}
+        for name, value in right.items():  # for this test's own MlflowClient
+            monkeypatch.setenv(name, value)
+        result, report = launch_json(str(sweep), cwd=tmp_path, env=right)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
+        assert report["mlflow"]["tracking_uri"] == uri
+        check_mlflow_runs(report, num_steps=10, every=5)
+        assert_no_secret(report, password, tmp_path)
+    assert not (tmp_path / "mlflow.db").exists()  # everything went through the server
     # TPE starts with its seeded random sampler: the two trials get its first two draws.
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3))
     distribution = optuna.distributions.FloatDistribution(0.001, 0.02, log=True)
@@ -135,6 +166,7 @@ def test_pbt_exploit_continues_from_the_better_trials_checkpoint_with_a_well_def
 
     # Ranked by the learning rate itself, the 0.03 trial is always on top and the 0.001
     # trial copies it at its first perturbation: its weights, its config, a new EMA decay.
+    # Two perturbation points (steps 20 and 40) leave room for a trial that starts late.
     sweep = tiny_sweep(tmp_path, """
   metric: train/lr
   mode: max
@@ -144,42 +176,82 @@ def test_pbt_exploit_continues_from_the_better_trials_checkpoint_with_a_well_def
     optimizer.learning_rate.learning_rate_base: {grid: [0.001, 0.03]}
   scheduler:
     type: pbt
-    perturbation_interval: 10
+    perturbation_interval: 20
     quantile_fraction: 0.5
     mutations:
       optimizer.moving_average_decay: {values: [0.99, 0.995, 0.999]}
-""", num_steps=30, every=10)
-    result, report = launch_json(str(sweep))
+""", num_steps=60, every=10)
+    result, report = launch_json(str(sweep), "--no-register", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     experiment = Path(report["path"])
     assert (experiment / "pbt_global.txt").read_text().strip(), "PBT never exploited"
+    # The exploiting trial kept its MLflow run; the swept values it took are metrics over steps.
+    children = check_mlflow_runs(report, num_steps=60, every=10, pbt=True, registered=False)
     lr_path = "optimizer.learning_rate.learning_rate_base"
     exploited = [rows for rows in results_of(experiment).values()
                  if swept_values(rows[0]["config"], [lr_path])[lr_path] == 0.001]
     rows = exploited[0]
     assert swept_values(rows[-1]["config"], [lr_path])[lr_path] == 0.03  # it took the better trial's config
     steps = [row["step"] for row in rows]
-    assert steps == sorted(set(steps)) and steps[-1] == 30, steps  # from the checkpoint, never from step 0
+    assert steps == sorted(set(steps)) and steps[-1] == 60, steps  # from the checkpoint, never from step 0
     for row in rows:  # the rate at every step follows the schedule of the config in force then
         tree = row["config"]["trial"]["optimizer"]["learning_rate"]
         rate = {**tree, "learning_rate_base": swept_values(row["config"], [lr_path])[lr_path]}
         schedule = build_schedule(LearningRateConfig.model_validate(rate))
         assert row["train/lr"] == pytest.approx(float(schedule(row["step"] - 1)), rel=1e-5)
+    from mlflow import MlflowClient
+
+    exploiting = children[next(trial_id for trial_id, rows in results_of(experiment).items()
+                               if swept_values(rows[0]["config"], [lr_path])[lr_path] == 0.001)]
+    history = MlflowClient(report["mlflow"]["tracking_uri"]).get_metric_history(
+        exploiting.info.run_id, f"hparams/{lr_path}")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)][-1] == pytest.approx(0.03)
+    assert exploiting.data.params[lr_path] == "0.001"  # params keep the trial's first values
 
 
-def test_a_killed_training_worker_resumes_from_its_checkpoint_and_ends_at_num_steps(tmp_path):
+def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
+    """Mid-trial, the MLflow server goes away for 30 s and the training worker is killed.
+    Ray Train restarts the worker from its checkpoint and the trial ends at exactly
+    num_steps; what the trial logged while the server was away arrives once it is back;
+    the trial keeps one MLflow run with no step logged twice."""
     sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n", num_steps=40, every=10,
                        scaling="{max_failures: 1}")
-    process = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--json"],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = free_port()
+    with mlflow_server(tmp_path, port=port) as uri:
+        launch = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--json", "--no-register"],
+                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+        assert wait_for_train_metric(uri) < 40
+    down_at = time.monotonic()  # the server is stopped; the trial trains on
     killed = wait_and_kill_worker(tmp_path / "ray")
-    stdout, stderr = process.communicate(timeout=600)
-    assert killed, "no Ray Train worker was found to kill"
-    assert process.returncode == 0, stderr[-3000:]
-    trial = json.loads(stdout)["trials"][0]
-    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40
-    steps = [row["step"] for row in next(iter(results_of(Path(json.loads(stdout)["path"])).values()))]
-    assert steps == [10, 20, 30, 40]  # continued from the checkpoint: no step reported twice
+    time.sleep(max(0.0, 30 - (time.monotonic() - down_at)))
+    with mlflow_server(tmp_path, port=port):
+        stdout, stderr = launch.communicate(timeout=600)
+        assert killed, "no Ray Train worker was found to kill"
+        assert launch.returncode == 0, stderr[-3000:]
+        report = json.loads(stdout)
+        trial = report["trials"][0]
+        assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40
+        steps = [row["step"] for row in next(iter(results_of(Path(report["path"])).values()))]
+        assert steps == [10, 20, 30, 40]  # continued from the checkpoint: no step reported twice
+        run = check_mlflow_runs(report, num_steps=40, every=10, registered=False)[trial["trial_id"]]
+        assert "detsweep.lost_writes" not in run.data.tags
+
+
+def wait_for_train_metric(uri: str, timeout_s: float = 300) -> int:
+    """The first training step a trial logged to the server at ``uri``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+        runs = client.search_runs(experiments, filter_string="tags.`detsweep.role` = 'trial'")
+        steps = [m.step for run in runs for m in client.get_metric_history(run.info.run_id, "train/loss")]
+        if steps:
+            return min(steps)
+        time.sleep(1)
+    raise AssertionError("no trial logged a training step in time")
 
 
 def wait_and_kill_worker(storage: Path, timeout: float = 300) -> bool:
@@ -209,7 +281,7 @@ def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_t
   space:
     optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02]}
 """, num_steps=30, every=10)
-    driver = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep)], cwd=REPO,
+    driver = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep)], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     experiment = tmp_path / "ray" / "tiny"
     deadline = time.monotonic() + 300
@@ -224,9 +296,11 @@ def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_t
     unfinished = json.loads(run_cli("status", str(experiment), "--json").stdout)
     assert any(t["status"] not in ("TERMINATED", "STOPPED") for t in unfinished["trials"])
 
-    result = run_cli("resume", str(experiment), "--json")
+    result = run_cli("resume", str(experiment), "--json", cwd=REPO)  # the runs' MLflow is remembered
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
+    assert report["mlflow"]["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    check_mlflow_runs(report, num_steps=30, every=10)  # the same parent and child runs continued
     assert len(report["trials"]) == 2
     assert all(t["status"] == "TERMINATED" and t["metrics"]["step"] == 30 for t in report["trials"])
     for trial_id, rows in results_of(experiment).items():
@@ -255,32 +329,28 @@ def test_a_sweep_spreads_over_a_two_node_cluster_by_address_and_by_ray_job_submi
 
         seen = watch_train_worker_nodes()
         result, report = launch_json(str(tiny_sweep(tmp_path, search, num_steps=10, name="by_address")),
-                                     "--address", cluster.address)
+                                     "--address", cluster.address, "--no-register", cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
         assert seen.stop() == nodes  # the two trials' workers ran on both nodes
+        assert all(t["mlflow_run_id"] for t in report["trials"])  # logged from both nodes
 
         seen = watch_train_worker_nodes()
+        job_db = f"sqlite:///{tmp_path / 'job.db'}"
         job = subprocess.run(
             [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}",
+             "--runtime-env-json", json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": job_db}}),
              "--", sys.executable, "-m", "detsweep", "launch", str(tiny_sweep(tmp_path, search, num_steps=10, name="by_job")),
-             "--address", "auto", "--json"],
+             "--address", "auto", "--json", "--no-register"],
             capture_output=True, text=True, cwd=REPO, timeout=900)
         assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
         printed = [json.loads(line) for line in job.stdout.splitlines() if line.startswith('{"name"')]
         assert [t["status"] for t in printed[0]["trials"]] == ["TERMINATED", "TERMINATED"]
+        assert printed[0]["mlflow"]["tracking_uri"] == job_db and (tmp_path / "job.db").exists()
         assert seen.stop() == nodes
     finally:
         ray.shutdown()
         cluster.shutdown()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class watch_train_worker_nodes:

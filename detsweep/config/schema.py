@@ -303,6 +303,12 @@ class TrackingConfig(Section):
     uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     experiment: str | None = Field(None, description="None: the sweep's name")
 
+    @model_validator(mode="after")
+    def _known_backend(self) -> TrackingConfig:
+        if self.uri is not None and not self.uri.startswith(("http://", "https://", "sqlite:///")):
+            raise invalid("uri", self.uri, "an http(s):// MLflow server or a sqlite:/// file")
+        return self
+
 
 class TrialConfig(Section):
     """Everything one training run needs."""

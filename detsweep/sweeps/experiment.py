@@ -122,6 +122,18 @@ def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
     return sorted(rows, key=rank)
 
 
+def stored_run_link(path: str):
+    """The MLflow runs the sweep at ``path`` writes to, as its trials were given them."""
+    from ray.tune import ExperimentAnalysis
+
+    from detsweep.tracking import RunLink
+
+    for trial in ExperimentAnalysis(path).trials:
+        if trial.config.get("tracking"):
+            return RunLink(**trial.config["tracking"])
+    raise DetsweepError(f"{path}: no trial of this sweep has an MLflow run to continue")
+
+
 def _status(status: str, metrics: dict[str, Any], sweep: Sweep) -> str:
     if status == "TERMINATED" and metrics.get("step", 0) < sweep.base.train.num_steps:
         return "STOPPED"

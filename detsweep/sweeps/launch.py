@@ -11,7 +11,7 @@ from typing import Any
 from detsweep.cluster import connect
 from detsweep.errors import DetsweepError
 
-from .experiment import find_experiment, read_outcomes, save_sweep
+from .experiment import as_run, find_experiment, read_outcomes, save_sweep, stored_run_link
 from .resources import trials_at_once
 from .space import grid_points
 from .spec import Sweep
@@ -88,39 +88,71 @@ def cluster_nodes() -> list[dict[str, float]]:
     return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
 
 
-def launch(sweep: Sweep, address: str | None = None) -> dict[str, Any]:
+def launch(sweep: Sweep, address: str | None = None, register: bool = True) -> dict[str, Any]:
     """Run the sweep to the end; returns the ``detsweep launch --json`` object."""
     from detsweep.trainables.trainer import check_data
+    from detsweep.tracking import check_backend, open_sweep_run, resolve_backend, trial_environment
 
     from .progress import SweepProgress, swept_paths
     from .tuner import build_tuner
 
+    backend = resolve_backend(sweep.base.tracking)
+    check_backend(backend)
     for line in check_data(sweep.base):
         print(line, flush=True)
-    connect(address)
+    connect(address, env=trial_environment())
     nodes = cluster_nodes()
     check_resources(sweep, nodes)
     fits = trials_at_once(sweep, sum(n.get("CPU", 0) for n in nodes), sum(n.get("GPU", 0) for n in nodes))
     path = save_sweep(sweep)
+    link = open_sweep_run(sweep, path, backend, as_run(sweep))
+    print(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}", flush=True)
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps)
-    build_tuner(sweep, max(1, fits), callbacks=[progress]).fit()
-    return summary(path, sweep)
+    build_tuner(sweep, max(1, fits), link, callbacks=[progress]).fit()
+    return finish(path, sweep, link, register)
 
 
-def resume(name_or_path: str, address: str | None = None, retry_errored: bool = False) -> dict[str, Any]:
+def resume(name_or_path: str, address: str | None = None, retry_errored: bool = False,
+           register: bool = True) -> dict[str, Any]:
     """Finish an interrupted sweep: unfinished trials continue from their last checkpoints,
-    finished ones are not run again; errored ones too with ``retry_errored``."""
+    finished ones are not run again; errored ones too with ``retry_errored``. The trials keep
+    writing to the MLflow runs they had."""
     from ray import tune
+
+    from detsweep.tracking import backend_of, check_backend, reopen_sweep_run, trial_environment
 
     from .tuner import trainable
 
     path, sweep = find_experiment(name_or_path)
     if not tune.Tuner.can_restore(path):
         raise DetsweepError(f"{name_or_path}: {path} holds no Tune experiment state to resume from")
-    connect(address)
+    link = stored_run_link(path)
+    check_backend(backend_of(link))
+    connect(address, env=trial_environment())
     check_resources(sweep, cluster_nodes())
+    reopen_sweep_run(link)
     tune.Tuner.restore(path, trainable(), resume_errored=retry_errored).fit()
-    return summary(path, sweep)
+    return finish(path, sweep, link, register)
+
+
+def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
+    """The summary, with each trial's MLflow run; the parent run closed; the best registered."""
+    from detsweep.tracking import close_sweep_run, register_best
+
+    from .progress import swept_paths
+
+    report = summary(path, sweep)
+    run_ids = close_sweep_run(link, report, swept_paths(sweep))
+    for trial in report["trials"]:
+        trial["mlflow_run_id"] = run_ids.get(trial["trial_id"])
+    best = report["best"]
+    registered = None
+    if register and best and best["checkpoint"] and best["mlflow_run_id"]:
+        registered = register_best(link, sweep.name, best, best["mlflow_run_id"])
+        print(f"MLflow: registered {registered['name']} version {registered['version']}", flush=True)
+    report["mlflow"] = {"tracking_uri": link.uri, "experiment_id": link.experiment_id,
+                        "parent_run_id": link.parent_run_id, "registered_model": registered}
+    return report
 
 
 def status(name_or_path: str) -> dict[str, Any]:

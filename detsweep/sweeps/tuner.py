@@ -13,21 +13,26 @@ from typing import Any
 from ray import tune
 
 from detsweep.config.loader import set_path
+from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import run_trial
 
 from .experiment import storage_path
+from .progress import swept_paths
 from .resources import TRIAL_DRIVER
 from .space import grid_points
 from .spec import Sweep
 
-def param_space(sweep: Sweep) -> dict[str, Any]:
-    """``{"trial": base tree with Tune domains at the space's paths, "point": grid, …}``."""
+def param_space(sweep: Sweep, tracking: RunLink) -> dict[str, Any]:
+    """``{"trial": base tree with Tune domains at the space's paths, "point": grid, …}``; the
+    rest is the same for every trial: what it reports on, where it stores, its MLflow parent."""
     base = sweep.base.model_dump(mode="json")
     tree = copy.deepcopy(base)
     for dotted, parameter in sweep.search.space.items():
         if not parameter.is_grid:
             set_path(tree, dotted, parameter.domain())
-    space: dict[str, Any] = {"trial": tree, "metric": sweep.search.metric, "storage": storage_path(sweep)}
+    search = {"metric": sweep.search.metric, "mode": sweep.search.mode, "swept": swept_paths(sweep)}
+    space: dict[str, Any] = {"trial": tree, "search": search, "storage": storage_path(sweep),
+                             "tracking": tracking.to_dict()}
     points = grid_points(sweep.search.space, base)
     if any(parameter.is_grid for parameter in sweep.search.space.values()):
         space["point"] = tune.grid_search(points)
@@ -69,6 +74,16 @@ def scheduler(sweep: Sweep):
     return tune.schedulers.FIFOScheduler()
 
 
+def checkpoint_config(sweep: Sweep) -> tune.CheckpointConfig:
+    """The two best checkpoints of each trial by the metric; under PBT all of them, because an
+    exploit copies the checkpoint the donor had when it last ranked on top, which may be
+    neither its best nor its latest by then."""
+    if sweep.search.scheduler.type == "pbt":
+        return tune.CheckpointConfig(num_to_keep=None)
+    return tune.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute=sweep.search.metric,
+                                 checkpoint_score_order=sweep.search.mode)
+
+
 def trial_name(trial) -> str:
     """``trial_<id>``: Tune's default prefixes the function's name, which says nothing here."""
     return f"trial_{trial.trial_id}"
@@ -79,12 +94,12 @@ def trainable():
     return tune.with_resources(run_trial, TRIAL_DRIVER)
 
 
-def build_tuner(sweep: Sweep, max_concurrent: int, callbacks: list | None = None) -> tune.Tuner:
+def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks: list | None = None) -> tune.Tuner:
     search = sweep.search
     concurrent = search.max_concurrent_trials or max_concurrent
     return tune.Tuner(
         trainable(),
-        param_space=param_space(sweep),
+        param_space=param_space(sweep, tracking),
         tune_config=tune.TuneConfig(
             metric=search.metric, mode=search.mode, num_samples=search.num_samples,
             time_budget_s=search.time_budget_s, search_alg=searcher(sweep, concurrent), scheduler=scheduler(sweep),
@@ -92,7 +107,6 @@ def build_tuner(sweep: Sweep, max_concurrent: int, callbacks: list | None = None
         ),
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=storage_path(sweep), verbose=0, callbacks=callbacks,
-            checkpoint_config=tune.CheckpointConfig(
-                num_to_keep=2, checkpoint_score_attribute=search.metric, checkpoint_score_order=search.mode),
+            checkpoint_config=checkpoint_config(sweep),
         ),
     )

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import logging
+
 import keras
 import tensorflow as tf
 
 from detsweep.data import DetectionSet
 from detsweep.data.pipeline import InputSpec, evaluation_dataset
 from detsweep.evaluation import evaluate_detections, to_coco_detections
+from detsweep.evaluation.pictures import PICTURE_KEY, detections_picture
 from detsweep.optim import MovingAverage
 
 
@@ -29,7 +33,8 @@ class Evaluator:
 
         self.detect = detect
 
-    def evaluate(self) -> dict[str, float]:
+    def detect_all(self) -> list[dict]:
+        """COCO result dicts for every val image."""
         detections = []
         for images, meta in self.batches:
             out = self.detect(images)
@@ -38,19 +43,38 @@ class Evaluator:
                 out["confidence"].numpy(), out["labels"].numpy(), out["num_detections"].numpy(),
                 self.original_ids,
             )
-        return evaluate_detections(self.ground_truth, detections)
+        return detections
 
-    def evaluate_with_average(self, moving_average: MovingAverage | None) -> dict[str, float]:
-        """``eval/*``, ``eval_ema/*`` when there is an average, and ``eval/AP_best``."""
-        metrics = {f"eval/{k}": v for k, v in self.evaluate().items()}
-        best = metrics["eval/AP"]
+    def evaluate(self) -> dict[str, float]:
+        return evaluate_detections(self.ground_truth, self.detect_all())
+
+    def evaluate_with_average(self, moving_average: MovingAverage | None, picture: bool = False) -> dict:
+        """``eval/*``, ``eval_ema/*`` when there is an average, and ``eval/AP_best``; with
+        ``picture``, also ``PICTURE_KEY``: a PNG (base64) of the better weights' detections."""
+        detections = self.detect_all()
+        metrics = {f"eval/{k}": v for k, v in evaluate_detections(self.ground_truth, detections).items()}
+        best, shown, weights = metrics["eval/AP"], detections, "raw"
         if moving_average is not None:
             with moving_average.averaged_weights():
-                averaged = self.evaluate()
+                averaged_detections = self.detect_all()
+            averaged = evaluate_detections(self.ground_truth, averaged_detections)
             metrics.update({f"eval_ema/{k}": v for k, v in averaged.items()})
-            best = max(best, averaged["AP"])
+            if averaged["AP"] > best:
+                best, shown, weights = averaged["AP"], averaged_detections, "moving-average"
         metrics["eval/AP_best"] = best
+        if picture:
+            png = self.picture(shown, title=f"{weights} weights, AP {best:.3f}")
+            if png:
+                metrics[PICTURE_KEY] = base64.b64encode(png).decode("ascii")
         return metrics
+
+    def picture(self, detections: list[dict], title: str) -> bytes | None:
+        """A picture is a courtesy: if drawing it fails, training goes on without it."""
+        try:
+            return detections_picture(self.val_set, detections, title=title)
+        except Exception as error:
+            logging.getLogger(__name__).warning("no picture of the detections: %s", error)
+            return None
 
 
 def is_due(step: int, every: int, last_step: int) -> bool:

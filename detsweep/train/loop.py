@@ -34,6 +34,7 @@ class TrainingDiverged(RuntimeError):
 class WorkerContext:
     rank: int = 0
     restore_from: Path | None = None  # a checkpoint directory to resume from
+    pictures: bool = False  # draw the detections at every evaluation (for MLflow)
 
 
 def run_training(config: TrialConfig, report: Reporter, context: WorkerContext = WorkerContext()) -> dict[str, float]:
@@ -90,7 +91,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
             "train/images_per_sec": train.batch_size * steps_run / seconds,
         }
         if evaluator and is_due(step, train.eval_every, train.num_steps):
-            metrics.update(evaluator.evaluate_with_average(moving_average))
+            metrics.update(evaluator.evaluate_with_average(moving_average, picture=context.pictures))
         if is_due(step, train.checkpoint_every, train.num_steps):
             with tempfile.TemporaryDirectory(prefix="detsweep-ckpt-") as scratch:
                 report(metrics, state.save(Path(scratch), config, train_set.categories))

@@ -49,13 +49,14 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
     return "  ".join(parts) + ("  [checkpoint]" if saved else "")
 
 
-def make_trainer(config: TrialConfig, name: str, storage_path: str | None = None,
-                 callbacks: list | None = None, restore_from: str | None = None) -> "TensorflowTrainer":
-    """``restore_from``: a checkpoint to start from when Ray Train has none of its own yet."""
+def make_trainer(config: TrialConfig, name: str, storage_path: str | None = None, callbacks: list | None = None,
+                 restore_from: str | None = None, pictures: bool = False) -> "TensorflowTrainer":
+    """``restore_from``: a checkpoint to start from when Ray Train has none of its own yet;
+    ``pictures``: rank 0 draws its detections at every evaluation."""
     from ray.train.tensorflow import TensorflowTrainer  # imports TensorFlow: only where a trial runs
     return TensorflowTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": config.model_dump(mode="json"), "restore_from": restore_from},
+        train_loop_config={"trial": config.model_dump(mode="json"), "restore_from": restore_from, "pictures": pictures},
         scaling_config=ray_scaling(config.scaling),
         run_config=ray.train.RunConfig(
             name=name,

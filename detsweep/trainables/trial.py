@@ -4,13 +4,15 @@ Ray Train's controller hands every report to :class:`ForwardReports`, which queu
 this function, in the trial's own process, passes the evaluations (with their
 checkpoints) on to Tune. So Tune's schedulers decide on ``eval/…`` at training-step
 granularity, Tune keeps the checkpoints (for PBT and ``num_to_keep``), and everything a
-trial reports passes through one place.
+trial reports passes through one place: that is also where its MLflow run is written.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import ray.train
@@ -19,6 +21,8 @@ from ray.util.queue import Queue
 
 from detsweep.config import TrialConfig
 from detsweep.config.loader import set_path
+from detsweep.evaluation.pictures import PICTURE_KEY
+from detsweep.tracking.trial_run import RunLink, TrialRun
 
 from .trainer import failure_reason, make_trainer
 
@@ -30,7 +34,7 @@ class ForwardReports(ray.train.UserCallback):
         self.queue = queue
 
     def after_report(self, run_context, metrics, checkpoint) -> None:
-        self.queue.put((metrics[0], checkpoint.path if checkpoint else None))
+        self.queue.put((metrics[0], checkpoint))
 
 
 def trial_config(tune_config: dict[str, Any]) -> TrialConfig:
@@ -45,6 +49,7 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     config = trial_config(tune_config)
     context = ray.tune.get_context()
     restore = ray.tune.get_checkpoint()  # PBT's exploit, or a resumed sweep
+    run = open_trial_run(tune_config, config, restore)
     queue: Queue = Queue(actor_options={"num_cpus": 0})
     # A new Ray Train run at every start: one with the same name would resume from its own
     # latest checkpoint, not from the one Tune hands over (PBT's exploit must win).
@@ -52,7 +57,7 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     trainer = make_trainer(
         config, name=f"{context.get_experiment_name()}-train-{context.get_trial_id()}-{started}",
         storage_path=tune_config.get("storage"), callbacks=[ForwardReports(queue)],
-        restore_from=restore.path if restore else None,
+        restore_from=restore.path if restore else None, pictures=True,
     )
     failure: list[BaseException] = []
 
@@ -65,14 +70,39 @@ def run_trial(tune_config: dict[str, Any]) -> None:
             queue.put(_DONE)
 
     threading.Thread(target=fit, daemon=True).start()
-    metric = tune_config["metric"]
+    try:
+        forward_reports(queue, run, tune_config["search"]["metric"])
+    except BaseException:  # stopped by the scheduler or the sweep's end: the driver ends the run
+        run.close()
+        raise
+    reason = failure_reason(failure[0]) if failure else None
+    run.finish(error=reason)
+    if reason:
+        raise TrialFailed(reason)
+
+
+def forward_reports(queue: Queue, run: TrialRun, metric: str) -> None:
+    """Every report to MLflow; those with the sweep's metric (the evaluations) to Tune."""
     while (item := queue.get()) != _DONE:
-        metrics, checkpoint_path = item
+        metrics, checkpoint = item
+        run.log_report(metrics, checkpoint)
+        metrics.pop(PICTURE_KEY, None)
         if metric in metrics:
-            checkpoint = ray.tune.Checkpoint.from_directory(checkpoint_path) if checkpoint_path else None
-            ray.tune.report(metrics, checkpoint=checkpoint)
-    if failure:
-        raise TrialFailed(failure_reason(failure[0]))
+            reported = ray.tune.Checkpoint.from_directory(checkpoint.path) if checkpoint else None
+            ray.tune.report(metrics, checkpoint=reported)
+
+
+def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) -> TrialRun:
+    from detsweep.sweeps.progress import swept_values
+
+    start_step = 0
+    if restore is not None:
+        with restore.as_directory() as directory:
+            start_step = json.loads((Path(directory) / "meta.json").read_text())["step"]
+    context = ray.tune.get_context()
+    search = tune_config["search"]
+    return TrialRun(RunLink(**tune_config["tracking"]), context.get_trial_id(), context.get_trial_name(), config,
+                    swept_values(tune_config, search["swept"]), search["metric"], search["mode"], start_step)
 
 
 class TrialFailed(RuntimeError):

@@ -11,14 +11,21 @@ import ray.train
 from detsweep.config import TrialConfig
 
 
+def quiet_report_logging() -> None:
+    """Ray Train logs every report in full at INFO (a picture's base64 included) under a
+    logger named by its file's path; our progress lines already say what matters."""
+    from ray.train.v2._internal.execution import context
+
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     """Resume from Ray's latest checkpoint when there is one (a restarted worker group),
     else from ``restore_from`` (a Tune checkpoint: PBT, a resumed sweep); train; and report
     every loop to Ray: metrics from every worker (Ray keeps rank 0's), checkpoints from rank 0."""
     from detsweep.train import WorkerContext, run_training  # TensorFlow loads in the worker only
 
-    # Ray Train logs every report in full at INFO; our progress lines already say it.
-    logging.getLogger("ray.train.v2._internal.execution.context").setLevel(logging.WARNING)
+    quiet_report_logging()
     config = TrialConfig.model_validate(loop_config["trial"])
     rank = ray.train.get_context().get_world_rank()
     latest = ray.train.get_checkpoint()
@@ -30,4 +37,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if latest is None and loop_config.get("restore_from"):
         latest = ray.train.Checkpoint(loop_config["restore_from"])
     with latest.as_directory() if latest else contextlib.nullcontext() as restore_from:
-        run_training(config, report, WorkerContext(rank=rank, restore_from=Path(restore_from) if restore_from else None))
+        context = WorkerContext(rank=rank, restore_from=Path(restore_from) if restore_from else None,
+                                pictures=loop_config.get("pictures", False))
+        run_training(config, report, context)

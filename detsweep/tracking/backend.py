@@ -1,0 +1,95 @@
+"""Where MLflow runs go, checked before anything trains.
+
+``tracking.uri`` in the config, else ``$MLFLOW_TRACKING_URI``, else the embedded default:
+``mlflow.db`` (sqlite) and the ``mlartifacts/`` folder in the working directory, which
+``mlflow ui`` and the model registry read as they are. On a cluster, an MLflow server
+with artifact proxying (``mlflow server --serve-artifacts``): no node needs a shared disk.
+Credentials for a server with basic auth come from ``MLFLOW_TRACKING_USERNAME`` and
+``MLFLOW_TRACKING_PASSWORD`` and go nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from detsweep.config import TrackingConfig
+from detsweep.errors import DetsweepError
+
+EMBEDDED_DB = "mlflow.db"
+EMBEDDED_ARTIFACTS = "mlartifacts"
+CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
+@dataclass(frozen=True)
+class Backend:
+    uri: str  # absolute: trial processes run in other working directories, maybe on other nodes
+    artifact_root: str | None  # where a new experiment keeps its artifacts (embedded only)
+    source: str  # what chose the uri, for error messages
+
+    @property
+    def is_server(self) -> bool:
+        return self.uri.startswith(("http://", "https://"))
+
+
+def resolve_backend(tracking: TrackingConfig, cwd: Path | None = None) -> Backend:
+    cwd = cwd or Path.cwd()
+    if tracking.uri:
+        uri, source = tracking.uri, "tracking.uri"
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        uri, source = os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
+    else:
+        return Backend(f"sqlite:///{cwd / EMBEDDED_DB}", (cwd / EMBEDDED_ARTIFACTS).as_uri(), "the embedded default")
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        database = Path(uri.removeprefix("sqlite:///"))
+        uri = f"sqlite:///{cwd / database}"
+        return Backend(uri, (cwd / database).parent.joinpath(EMBEDDED_ARTIFACTS).as_uri(), source)
+    if uri.startswith("sqlite:////"):
+        return Backend(uri, Path(uri.removeprefix("sqlite:///")).parent.joinpath(EMBEDDED_ARTIFACTS).as_uri(), source)
+    if uri.startswith(("http://", "https://")):
+        return Backend(uri, None, source)
+    raise DetsweepError(f"{source}: found {uri!r}, expected an http(s):// MLflow server or a sqlite:/// file")
+
+
+def backend_of(link) -> Backend:
+    """The backend a sweep's runs already live on (``detsweep resume`` keeps writing there)."""
+    return Backend(link.uri, None, "the sweep's MLflow tracking URI")
+
+
+def check_backend(backend: Backend, timeout_s: float = 10.0) -> None:
+    """Fail before training starts when the server does not answer or refuses the credentials."""
+    if not backend.is_server:
+        return
+    import requests
+
+    user, password = os.environ.get(CREDENTIALS[0]), os.environ.get(CREDENTIALS[1])
+    url = backend.uri.rstrip("/") + "/api/2.0/mlflow/experiments/search"
+    try:
+        answer = requests.get(url, params={"max_results": 1}, timeout=timeout_s,
+                              auth=(user, password or "") if user else None)
+    except requests.RequestException as error:
+        raise DetsweepError(f"{backend.source}: no MLflow server answers at {backend.uri} "
+                            f"({type(error).__name__})") from None
+    if answer.status_code in (401, 403):
+        given = "the credentials in MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD" if user else "no credentials"
+        raise DetsweepError(f"{backend.source}: the MLflow server at {backend.uri} refused {given} "
+                            f"(HTTP {answer.status_code}); expected a user it accepts")
+    if answer.status_code != 200:
+        raise DetsweepError(f"{backend.source}: {backend.uri} answered HTTP {answer.status_code} "
+                            "to an MLflow API call; expected an MLflow tracking server")
+
+
+def ui_command_line(backend: Backend, port: int) -> list[str]:
+    """``mlflow ui`` on the embedded backend: its sqlite file, its artifact folder."""
+    import sys
+
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", backend.uri, "--port", str(port)]
+    if backend.artifact_root:
+        command += ["--artifacts-destination", backend.artifact_root]
+    return command
+
+
+def trial_environment() -> dict[str, str]:
+    """What a trial process on any node needs to reach the server: the credentials, if set."""
+    return {name: os.environ[name] for name in CREDENTIALS if os.environ.get(name)}

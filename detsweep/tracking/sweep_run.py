@@ -1,0 +1,181 @@
+"""The MLflow parent run of a sweep, written by the driver: opened before the first trial,
+closed after the last with the sweep's results. ``detsweep resume`` reopens the same run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import detsweep
+
+from .backend import Backend
+from .trial_run import PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
+
+RESULTS_TAG = "detsweep.results_path"
+
+# How a Tune outcome ends its MLflow run (read_outcomes' statuses).
+RUN_STATUS = {"TERMINATED": "FINISHED", "STOPPED": "KILLED", "ERROR": "FAILED"}
+
+
+def experiment_id(client, name: str, backend: Backend) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+    location = f"{backend.artifact_root}/{name}" if backend.artifact_root else None
+    # The kind makes the MLflow UI open the experiment on its training runs, not on GenAI traces.
+    return client.create_experiment(name, artifact_location=location,
+                                    tags={"mlflow.experimentKind": "custom_model_development"})
+
+
+def open_sweep_run(sweep, results_path: str, backend: Backend, as_run: dict[str, Any]) -> RunLink:
+    """The sweep's parent run: found by its results path (a resumed sweep), else created."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(backend.uri)
+    experiment = experiment_id(client, sweep.base.tracking.experiment or sweep.name, backend)
+    found = client.search_runs([experiment], max_results=1, filter_string=(
+        f"tags.`{RESULTS_TAG}` = '{results_path}' and tags.`{ROLE_TAG}` = 'sweep'"))
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        return RunLink(backend.uri, experiment, run_id)
+    run = client.create_run(experiment, run_name=sweep.name, tags=sweep_tags(sweep, results_path))
+    run_id = run.info.run_id
+    client.log_batch(run_id, params=search_params(as_run["search"]))
+    client.log_text(run_id, yaml.safe_dump(as_run, sort_keys=False), "sweep.yaml")
+    client.log_text(run_id, yaml.safe_dump(as_run["base"], sort_keys=False), "base_config.yaml")
+    return RunLink(backend.uri, experiment, run_id)
+
+
+def reopen_sweep_run(link: RunLink) -> None:
+    from mlflow import MlflowClient
+
+    MlflowClient(link.uri).update_run(link.parent_run_id, status="RUNNING")
+
+
+def sweep_tags(sweep, results_path: str) -> dict[str, str]:
+    tags = {ROLE_TAG: "sweep", "detsweep.sweep": sweep.name, RESULTS_TAG: results_path,
+            "detsweep.algorithm": sweep.search.algorithm, "detsweep.scheduler": sweep.search.scheduler.type,
+            "detsweep.version": detsweep.__version__}
+    commit = git_commit(sweep.path.parent)
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def git_commit(folder: Path) -> str | None:
+    try:
+        answer = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return answer.stdout.strip() if answer.returncode == 0 else None
+
+
+def search_params(search: dict[str, Any]):
+    """The search block as params: ``space.<path>`` holds each parameter's spec."""
+    from mlflow.entities import Param
+
+    space = {f"space.{path}": spec for path, spec in search.get("space", {}).items()}
+    rest = {k: v for k, v in search.items() if k != "space"}
+    flat = {**{f"search.{k}": v for k, v in flatten(rest).items()},
+            **{k: yaml.safe_dump(v, default_flow_style=True).strip() for k, v in space.items()}}
+    return [Param(k, v[:6000]) for k, v in flat.items()][:100]
+
+
+def trial_runs(client, link: RunLink) -> dict[str, Any]:
+    """The sweep's child runs by trial id."""
+    runs = client.search_runs([link.experiment_id], max_results=1000,
+                              filter_string=f"tags.`{PARENT_TAG}` = '{link.parent_run_id}'")
+    return {run.data.tags[TRIAL_TAG]: run for run in runs if TRIAL_TAG in run.data.tags}
+
+
+def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """Mirror every trial's end onto its run, then log the sweep's results on the parent:
+    ``best/*`` metrics, ``trials.csv`` and ``sweep.png``. Returns ``{trial_id: run_id}``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(link.uri)
+    runs = trial_runs(client, link)
+    for trial in report["trials"]:
+        run = runs.get(trial["trial_id"])
+        if run is not None:
+            end_trial_run(client, run, trial)
+    best = report.get("best")
+    if best:
+        values = {f"best/{k}": float(v) for k, v in best["metrics"].items() if isinstance(v, (int, float))}
+        from mlflow.entities import Metric
+
+        client.log_batch(link.parent_run_id, metrics=[Metric(k, v, 0, 0) for k, v in values.items()])
+        client.set_tag(link.parent_run_id, "detsweep.best_trial", best["trial_id"])
+        if best["trial_id"] in runs:
+            client.set_tag(link.parent_run_id, "detsweep.best_run_id", runs[best["trial_id"]].info.run_id)
+    run_ids = {trial_id: run.info.run_id for trial_id, run in runs.items()}
+    client.log_text(link.parent_run_id, trials_csv(report, paths, run_ids), "trials.csv")
+    client.log_figure(link.parent_run_id, sweep_figure(client, report, paths, run_ids), "sweep.png")
+    errored = sum(trial["status"] == "ERROR" for trial in report["trials"])
+    client.set_tag(link.parent_run_id, "detsweep.errored_trials", str(errored))
+    client.set_terminated(link.parent_run_id, "FINISHED")
+    return run_ids
+
+
+def end_trial_run(client, run, trial: dict[str, Any]) -> None:
+    status = RUN_STATUS.get(trial["status"], "KILLED")  # PENDING/RUNNING: cut by the time budget
+    run_id = run.info.run_id
+    if status == "KILLED":
+        client.set_tag(run_id, "early_stopped", "true")
+    if status == "FAILED" and trial.get("error") and "detsweep.error" not in run.data.tags:
+        client.set_tag(run_id, "detsweep.error", trial["error"][:5000])
+    if run.info.status != status:
+        client.set_terminated(run_id, status)
+
+
+def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]) -> str:
+    metric = report["metric"]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["trial_id", "status", "step", metric, *paths, "mlflow_run_id", "checkpoint", "error"])
+    for trial in report["trials"]:
+        writer.writerow([trial["trial_id"], trial["status"], trial["metrics"].get("step", ""),
+                         trial["metrics"].get(metric, ""), *(trial["config"].get(p, "") for p in paths),
+                         run_ids.get(trial["trial_id"], ""), trial["checkpoint"] or "", trial["error"] or ""])
+    return out.getvalue()
+
+
+def sweep_figure(client, report: dict[str, Any], paths: list[str], run_ids: dict[str, str]):
+    """The metric against each swept hyperparameter, and every trial's learning curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = report["metric"]
+    panels = len(paths) + 1
+    figure, axes = plt.subplots(1, panels, figsize=(4.5 * panels, 3.8), layout="constrained", squeeze=False)
+    for axis, path in zip(axes[0], paths):
+        points = [(t["config"].get(path), t["metrics"].get(metric)) for t in report["trials"]]
+        points = [(x, y) for x, y in points if y is not None and x is not None]
+        xs = [x if isinstance(x, (int, float)) else str(x) for x, _ in points]
+        axis.scatter(xs, [y for _, y in points])
+        if path.endswith(("learning_rate_base", "learning_rate")) and all(isinstance(x, float) and x > 0 for x in xs):
+            axis.set_xscale("log")
+        axis.set(xlabel=path.rsplit(".", 1)[-1], ylabel=metric, title=path)
+        axis.grid(alpha=0.3)
+    curves = axes[0][-1]
+    for trial in report["trials"]:
+        run_id = run_ids.get(trial["trial_id"])
+        history = sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step) if run_id else []
+        if history:
+            curves.plot([m.step for m in history], [m.value for m in history], marker=".", label=trial["trial_id"])
+    curves.set(xlabel="step", ylabel=metric, title="learning curves")
+    curves.grid(alpha=0.3)
+    if curves.lines:
+        curves.legend(fontsize="small")
+    plt.close(figure)
+    return figure

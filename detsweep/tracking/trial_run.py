@@ -1,0 +1,197 @@
+"""The MLflow child run of one trial, written from the trial's own process and nowhere else.
+
+A trial that Ray Train restarts after a worker failure, or that ``detsweep resume`` runs
+again, finds its run by the ``detsweep.trial_id`` tag and continues it: params already
+logged are not logged again, and metrics at steps already logged are skipped (the steps
+between a checkpoint and a failure are trained twice; the run keeps the first values).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detsweep.config import TrialConfig
+from detsweep.evaluation.pictures import PICTURE_KEY
+
+from .writer import RetryingWriter
+
+TRIAL_TAG = "detsweep.trial_id"
+ROLE_TAG = "detsweep.role"
+PARENT_TAG = "mlflow.parentRunId"
+MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limit
+
+
+@dataclass(frozen=True)
+class RunLink:
+    """What a trial needs to find its sweep's runs; it travels in Tune's ``param_space``."""
+
+    uri: str
+    experiment_id: str
+    parent_run_id: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
+    """A nested config as MLflow params with dotted keys; lists as their YAML flow text."""
+    if isinstance(tree, dict):
+        flat: dict[str, str] = {}
+        for key, value in tree.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    text = yaml.safe_dump(tree, default_flow_style=True).strip().removesuffix("...").strip()
+    return {prefix.rstrip("."): text}
+
+
+def find_trial_run(client, link: RunLink, trial_id: str):
+    runs = client.search_runs(
+        [link.experiment_id],
+        filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`{PARENT_TAG}` = '{link.parent_run_id}'",
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+class TrialRun:
+    """Logs one trial's reports; every call returns at once (see :class:`RetryingWriter`)."""
+
+    def __init__(self, link: RunLink, trial_id: str, trial_name: str, config: TrialConfig,
+                 swept: dict[str, Any], metric: str, mode: str, start_step: int = 0):
+        from mlflow import MlflowClient
+
+        # One retry policy, the writer's, with a deadline: MLflow's own HTTP retries would hold
+        # a call for minutes in a back-off of their own.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        self.client = MlflowClient(link.uri)
+        self.link, self.trial_id, self.trial_name, self.config = link, trial_id, trial_name, config
+        self.metric, self.mode = metric, mode
+        self.run_id: str | None = None
+        self.last_step = -1
+        self.best: float | None = None
+        # Drawn here, not in the writer's thread: it imports TensorFlow, which must not be
+        # imported by two threads at once (the trial's own thread is importing it too).
+        self.schedule = schedule_figure(config)
+        self.writer = RetryingWriter()
+        self.writer.submit("opening the run", self._open)
+        numeric = {f"hparams/{path}": float(v) for path, v in swept.items() if isinstance(v, (int, float))}
+        # Swept values as metrics too: PBT changes them mid-run, and params cannot change.
+        self.writer.submit("the swept values", lambda: self._log_metrics(start_step, numeric, force=True))
+
+    def _open(self) -> None:
+        from mlflow.entities import Param
+
+        run = find_trial_run(self.client, self.link, self.trial_id)
+        if run is not None:
+            self.run_id = run.info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            history = self.client.get_metric_history(self.run_id, "train/loss")
+            self.last_step = max((m.step for m in history), default=-1)
+            best = run.data.tags.get("detsweep.best_value")
+            self.best = float(best) if best is not None else None
+            return
+        run = self.client.create_run(self.link.experiment_id, run_name=self.trial_name, tags={
+            PARENT_TAG: self.link.parent_run_id, TRIAL_TAG: self.trial_id, ROLE_TAG: "trial"})
+        self.run_id = run.info.run_id
+        params = [Param(k, v) for k, v in flatten(self.config.model_dump(mode="json")).items()]
+        for start in range(0, len(params), MAX_PARAMS_PER_CALL):
+            self.client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_CALL])
+        self.client.log_text(self.run_id, yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
+                             "config.yaml")
+        self.client.log_figure(self.run_id, self.schedule, "learning_rate.png")
+
+    def log_report(self, metrics: dict[str, Any], checkpoint=None) -> None:
+        """One report of Ray Train: its metrics at its step, and its checkpoint when it has one."""
+        step = int(metrics.get("step", 0))
+        values = {k: float(v) for k, v in metrics.items() if "/" in k and isinstance(v, (int, float))}
+        self.writer.submit(f"metrics at step {step}", lambda: self._log_metrics(step, values))
+        if metrics.get(PICTURE_KEY):
+            png = base64.b64decode(metrics[PICTURE_KEY])
+            self.writer.submit(f"the picture at step {step}", lambda: self._log_picture(step, png))
+        if checkpoint is not None:
+            score = values.get(self.metric)
+            self.writer.submit(f"the checkpoint at step {step}", lambda: self._log_checkpoint(checkpoint, step, score))
+
+    def _log_metrics(self, step: int, values: dict[str, float], force: bool = False) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        if force:  # values from here on; never at a step this key already has
+            step = max(step, self.last_step + 1)
+        elif step <= self.last_step:
+            return
+        if not values:
+            return
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+        if not force:
+            self.last_step = step
+
+    def _log_picture(self, step: int, png: bytes) -> None:
+        """``detections/step_000200.png``; a step trained twice (after a restart) overwrites it."""
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / f"step_{step:06d}.png"
+            path.write_bytes(png)
+            self.client.log_artifact(self.run_id, str(path), "detections")
+
+    def _log_checkpoint(self, checkpoint, step: int, score: float | None) -> None:
+        with checkpoint.as_directory() as directory:
+            if not Path(directory).exists():  # Ray already dropped it (num_to_keep) while we lagged
+                return
+            self.client.log_artifacts(self.run_id, directory, "checkpoints/latest")
+            self.client.set_tag(self.run_id, "detsweep.checkpoint.latest_step", str(step))
+            if score is not None and not math.isnan(score) and self._improves(score):
+                self.client.log_artifacts(self.run_id, directory, "checkpoints/best")
+                self.best = score
+                self.client.set_tag(self.run_id, "detsweep.checkpoint.best_step", str(step))
+                self.client.set_tag(self.run_id, "detsweep.best_value", repr(score))
+
+    def _improves(self, score: float) -> bool:
+        return self.best is None or (score > self.best if self.mode == "max" else score < self.best)
+
+    def finish(self, error: str | None = None, timeout_s: float = 120.0) -> None:
+        """The trial ended on its own: FINISHED, or FAILED with its reason."""
+        if error is not None:
+            self.writer.submit("the error", lambda: self._log_error(error))
+        status = "FAILED" if error is not None else "FINISHED"
+        self.writer.submit("the run's end", lambda: self.client.set_terminated(self.run_id, status))
+        self.close(timeout_s)
+
+    def _log_error(self, error: str) -> None:
+        self.client.log_text(self.run_id, error + "\n", "error.txt")
+        self.client.set_tag(self.run_id, "detsweep.error", error[:5000])
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        lost = self.writer.close(timeout_s)
+        if lost and self.run_id:
+            try:
+                self.client.set_tag(self.run_id, "detsweep.lost_writes", "; ".join(lost)[:5000])
+            except Exception:  # the server is still away: the lost list is in the trial's log
+                pass
+
+
+def schedule_figure(config: TrialConfig):
+    """The learning rate at every step of the trial, from the same code training uses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from detsweep.optim.report import learning_rates
+
+    steps = list(range(0, config.train.num_steps + 1, max(1, config.train.num_steps // 500)))
+    figure, axes = plt.subplots(figsize=(6, 3.5), layout="constrained")
+    axes.plot(steps, learning_rates(config.optimizer.learning_rate, steps))
+    axes.set(xlabel="step", ylabel="learning rate", title=f"{config.optimizer.learning_rate.type} schedule")
+    axes.grid(alpha=0.3)
+    plt.close(figure)
+    return figure

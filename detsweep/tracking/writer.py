@@ -1,0 +1,71 @@
+"""A background writer: MLflow calls leave the trial's loop at once and are retried until
+the tracking server takes them, so a server outage never stalls or crashes training."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+class RetryingWriter:
+    """Runs queued calls in order on one thread; a call that fails is retried (1, 2, 4 … 30 s
+    apart) until it succeeds or ``close`` gives up on it after its deadline."""
+
+    def __init__(self, max_backoff_s: float = 30.0):
+        self._calls: queue.Queue = queue.Queue()
+        self._max_backoff_s = max_backoff_s
+        self._deadline: float | None = None
+        self.lost: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="mlflow-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, what: str, call: Callable[[], object]) -> None:
+        self._calls.put((what, call))
+
+    def close(self, timeout_s: float = 60.0) -> list[str]:
+        """Wait up to ``timeout_s`` for what is queued; returns what could not be written."""
+        self._deadline = time.monotonic() + timeout_s
+        self._calls.put(None)
+        self._thread.join(timeout_s + 1)
+        while not self._calls.empty():
+            item = self._calls.get_nowait()
+            if item is not None:
+                self.lost.append(item[0])
+        return self.lost
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            what, call = item
+            if not self._call_until_done(what, call):
+                self.lost.append(what)
+
+    def _call_until_done(self, what: str, call: Callable[[], object]) -> bool:
+        backoff = 1.0
+        while True:
+            try:
+                call()
+                return True
+            except Exception as error:  # the server is down or busy: try again, never crash the trial
+                if _permanent(error):
+                    log.warning("MLflow: %s was refused: %s", what, error)
+                    return False
+                if self._deadline is not None and time.monotonic() + backoff > self._deadline:
+                    log.warning("MLflow: gave up on %s: %s", what, error)
+                    return False
+                log.warning("MLflow: %s failed (%s); retrying in %.0f s", what, type(error).__name__, backoff)
+                time.sleep(backoff)
+                backoff = min(2 * backoff, self._max_backoff_s)
+
+
+_REFUSALS = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST",
+             "PERMISSION_DENIED", "UNAUTHENTICATED"}
+
+
+def _permanent(error: Exception) -> bool:
+    """A refusal (a bad value, a missing run) stays one: sending it again cannot help."""
+    return getattr(error, "error_code", None) in _REFUSALS

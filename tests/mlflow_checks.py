@@ -1,0 +1,220 @@
+"""What every sweep test checks in MLflow, and a real ``mlflow server`` to check it against."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = False, registered: bool = True) -> dict:
+    """One parent run and one child run per started trial, as ``report`` (launch --json) says;
+    returns the child runs by trial id. Under ``pbt`` a trial's config and step can jump.
+    ``registered``: the sweep registered its best model (else it ran with --no-register)."""
+    from mlflow import MlflowClient
+
+    info = report["mlflow"]
+    client = MlflowClient(info["tracking_uri"])
+    parent = client.get_run(info["parent_run_id"])
+    tags = parent.data.tags
+    assert parent.info.status == "FINISHED" and tags["detsweep.role"] == "sweep"
+    assert tags["detsweep.sweep"] == report["name"] and tags["detsweep.results_path"] == report["path"]
+    assert parent.data.params["search.metric"] == report["metric"]
+    assert {"sweep.yaml", "base_config.yaml", "trials.csv", "sweep.png"} <= artifacts(client, parent.info.run_id)
+    sweeps = client.search_runs([info["experiment_id"]], filter_string="tags.`detsweep.role` = 'sweep'")
+    assert [run.info.run_id for run in sweeps] == [parent.info.run_id]  # a resumed sweep kept its run
+
+    runs = client.search_runs([info["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = {run.data.tags["detsweep.trial_id"]: run for run in runs}
+    assert len(children) == len(runs) == len(report["trials"])  # one run per trial, never two
+    for trial in report["trials"]:
+        run = children[trial["trial_id"]]
+        assert run.info.run_id == trial["mlflow_run_id"] and run.info.run_name == f"trial_{trial['trial_id']}"
+        assert run.data.params["train.num_steps"] == str(num_steps)
+        if not pbt:
+            for path, value in trial["config"].items():
+                assert float(run.data.params[path]) == pytest.approx(value)
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+        assert steps == sorted(set(steps)), steps  # increasing, none twice
+        if not pbt:
+            assert steps == list(range(every, every * len(steps) + 1, every)), steps
+        if trial["status"] == "TERMINATED":
+            assert steps[-1] == num_steps
+            assert {"config.yaml", "learning_rate.png", "checkpoints", "detections"} <= artifacts(client, run.info.run_id)
+            pictures = artifacts(client, run.info.run_id, "detections")  # one per evaluation
+            assert pictures == {f"detections/step_{step:06d}.png" for step in steps}, pictures
+    best = children[report["best"]["trial_id"]]
+    check_best_checkpoint(client, report, best)
+    if registered:
+        check_registered_model(client, report, best)
+    else:
+        assert report["mlflow"]["registered_model"] is None
+    return children
+
+
+def artifacts(client, run_id: str, path: str | None = None) -> set[str]:
+    return {entry.path for entry in client.list_artifacts(run_id, path)}
+
+
+def check_best_checkpoint(client, report: dict, run) -> None:
+    """The best trial's checkpoint artifact restores into a model."""
+    from mlflow.artifacts import download_artifacts
+
+    from detsweep.train.restore import load_trained_model
+
+    uri = report["mlflow"]["tracking_uri"]
+    listed = artifacts(client, run.info.run_id, "checkpoints/best")
+    assert {f"checkpoints/best/{name}" for name in ("ckpt.index", "config.yaml", "meta.json")} <= listed, listed
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = download_artifacts(run_id=run.info.run_id, artifact_path="checkpoints/best", tracking_uri=uri,
+                                       dst_path=scratch)
+        restored = load_trained_model(directory)
+    assert restored.step == int(run.data.tags["detsweep.checkpoint.best_step"])
+
+
+def check_registered_model(client, report: dict, run) -> None:
+    """The registered model was logged from the best trial's run and detects on images of any size."""
+    import mlflow
+
+    uri = report["mlflow"]["tracking_uri"]
+    registered = report["mlflow"]["registered_model"]
+    assert registered["name"] == report["name"]
+    version = client.get_model_version(registered["name"], str(registered["version"]))
+    assert version.tags["source_run_id"] == run.info.run_id
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"models:/{registered['name']}/{registered['version']}")
+    out = model.predict(np.random.default_rng(0).integers(0, 255, (2, 90, 70, 3), dtype=np.uint8))
+    assert out["detection_boxes"].shape[:1] == (2,) and out["detection_boxes"].shape[-1] == 4
+    assert out["num_detections"].shape == (2,)
+    assert ((out["detection_boxes"] >= 0) & (out["detection_boxes"] <= 1)).all()
+
+
+def write_auth_config(tmp_path: Path) -> Path:
+    """The basic-auth app's users database goes into the test's folder, not the working directory."""
+    path = tmp_path / "basic_auth.ini"
+    path.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{tmp_path / 'basic_auth.db'}\n"
+                    "admin_username = admin\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    return path
+
+
+def assert_no_secret(report: dict, secret: str, tmp_path: Path) -> None:
+    """``secret`` is in no param, tag or text artifact of the sweep's runs."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
+    run_ids = [report["mlflow"]["parent_run_id"]] + [t["mlflow_run_id"] for t in report["trials"]]
+    for run_id in run_ids:
+        run = client.get_run(run_id)
+        assert not any(secret in value for value in [*run.data.params.values(), *run.data.tags.values()])
+        folder = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts" / run_id)))
+        texts = [path for path in folder.rglob("*") if path.suffix in (".yaml", ".csv", ".txt", ".json")]
+        assert texts and not any(secret in path.read_text() for path in texts)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(tmp_path: Path, admin_password: str | None = None, port: int | None = None) -> Iterator[str]:
+    """A real tracking server on localhost: sqlite backend, artifacts proxied (``--serve-artifacts``);
+    with ``admin_password``, MLflow's basic-auth app with that password for ``admin``. Started
+    again with the same ``tmp_path`` and ``port``, it serves the same runs."""
+    import os
+
+    import requests
+
+    port = port or free_port()
+    extra, env = [], dict(os.environ)
+    if admin_password:
+        extra = ["--app-name", "basic-auth"]
+        env.update(MLFLOW_AUTH_ADMIN_PASSWORD=admin_password, MLFLOW_FLASK_SERVER_SECRET_KEY="detsweep-tests",
+                   MLFLOW_AUTH_CONFIG_PATH=str(write_auth_config(tmp_path)))
+    log = (tmp_path / "mlflow-server.log").open("a")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
+         "--artifacts-destination", str(tmp_path / "server-artifacts"), *extra],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmp_path)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{uri}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert server.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the MLflow server did not start in 120 s")
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its workers
+        server.wait(timeout=30)
+        log.close()
+
+
+def check_mlflow_ui(report: dict, cwd: Path, screenshot: Path) -> None:
+    """``detsweep ui`` in ``cwd`` (the embedded backend there), and Debian's Chromium, headless,
+    on the experiment's page: the sweep's parent run, and its child runs once expanded."""
+    import os
+    import signal
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    ui = subprocess.Popen([sys.executable, "-m", "detsweep", "ui", "--port", str(port)], cwd=cwd, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
+        options.add_argument(argument)
+    browser = None
+    try:
+        wait_for_page(f"http://127.0.0.1:{port}/health")
+        browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+        browser.get(f"http://127.0.0.1:{port}/#/experiments/{report['mlflow']['experiment_id']}/runs")
+        rows = lambda: [row.text for row in browser.find_elements(By.CSS_SELECTOR, ".ag-row") if row.text.strip()]
+        WebDriverWait(browser, 60).until(lambda _: any(report["name"] in row for row in rows()))
+        expander = browser.find_element(By.CSS_SELECTOR, ".ag-row button")  # the parent's expand button
+        expander.click()
+        names = [f"trial_{trial['trial_id']}" for trial in report["trials"]]
+        WebDriverWait(browser, 30).until(lambda _: all(any(name in row for row in rows()) for name in names))
+        browser.save_screenshot(str(screenshot))
+        assert screenshot.stat().st_size > 10_000
+    finally:
+        if browser is not None:
+            browser.quit()
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+
+def wait_for_page(url: str, timeout_s: float = 120) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer in {timeout_s} s")

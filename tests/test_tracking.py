@@ -1,0 +1,203 @@
+"""MLflow tracking without Ray: where runs go, what a trial's run holds when it is reopened,
+the retrying writer, and the errors users get before anything trains."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from detsweep.config import TrackingConfig
+from detsweep.errors import DetsweepError
+from detsweep.tracking import RunLink, TrialRun, open_sweep_run, resolve_backend
+from detsweep.tracking.writer import RetryingWriter
+
+from .conftest import REPO, run_cli
+from .mlflow_checks import free_port
+
+QUICKSTART_SWEEP = REPO / "sweeps" / "quickstart.yaml"
+
+
+def test_the_tracking_uri_comes_from_the_config_then_the_environment_then_the_embedded_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    embedded = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    assert embedded.uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert embedded.artifact_root == (tmp_path / "mlartifacts").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
+    assert resolve_backend(TrackingConfig(), cwd=tmp_path).uri == "http://tracking:5000"
+    relative = resolve_backend(TrackingConfig(uri="sqlite:///runs/m.db"), cwd=tmp_path)
+    assert relative.uri == f"sqlite:///{tmp_path / 'runs' / 'm.db'}"  # absolute: trials run elsewhere
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "ftp://x")
+    with pytest.raises(DetsweepError, match=r"MLFLOW_TRACKING_URI: found 'ftp://x', expected an http\(s\)://"):
+        resolve_backend(TrackingConfig(), cwd=tmp_path)
+
+
+def test_launch_refuses_an_unreachable_tracking_server_before_anything_starts(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"
+    result = run_cli("launch", str(QUICKSTART_SWEEP), "--set", f"storage={tmp_path / 'ray'}", cwd=tmp_path,
+                     env={"MLFLOW_TRACKING_URI": uri})
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"detsweep: error: MLFLOW_TRACKING_URI: no MLflow server answers at {uri} (ConnectionError)"
+    assert not (tmp_path / "ray").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_launch_refuses_a_tracking_uri_it_cannot_use(tmp_path):
+    result = run_cli("launch", str(QUICKSTART_SWEEP), "--set", "base.tracking.uri=ftp://x", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"detsweep: error: {QUICKSTART_SWEEP}: base: tracking.uri: found 'ftp://x', "
+        "expected an http(s):// MLflow server or a sqlite:/// file"]
+
+
+def test_the_writer_retries_until_the_call_succeeds_and_keeps_the_order():
+    done, failures = [], iter([ConnectionError("down"), ConnectionError("down")])
+
+    def flaky():
+        error = next(failures, None)
+        if error:
+            raise error
+        done.append("first")
+
+    writer = RetryingWriter(max_backoff_s=0.1)
+    writer.submit("first", flaky)
+    writer.submit("second", lambda: done.append("second"))
+    assert writer.close(timeout_s=30) == [] and done == ["first", "second"]
+
+
+def test_the_writer_gives_up_on_a_refusal_at_once_and_on_an_outage_at_its_deadline():
+    class Refused(Exception):
+        error_code = "INVALID_PARAMETER_VALUE"
+
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise Refused("bad value")
+
+    def down():
+        raise ConnectionError("down")
+
+    writer = RetryingWriter(max_backoff_s=0.2)
+    writer.submit("refused", refused)
+    writer.submit("down", down)
+    started = time.monotonic()
+    assert writer.close(timeout_s=2) == ["refused", "down"]
+    assert calls == [1] and time.monotonic() - started < 10
+
+
+def checkpoint_dir(tmp_path: Path, step: int) -> Path:
+    directory = tmp_path / f"checkpoint_{step}"
+    directory.mkdir()
+    (directory / "meta.json").write_text(json.dumps({"step": step}))
+    return directory
+
+
+def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_path):
+    import ray.train
+    from mlflow import MlflowClient
+
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
+    swept = {"optimizer.learning_rate.learning_rate_base": 0.04}
+
+    def trial(start_step: int = 0) -> TrialRun:
+        return TrialRun(link, "t_00000", "trial_t_00000", sweep.base, swept, "eval/AP_best", "max", start_step)
+
+    first = trial()
+    first.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2},
+                     ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 10))))
+    first.log_report({"step": 20, "train/loss": 0.5})
+    first.close()  # the process dies here (a worker failure, a killed driver)
+
+    again = trial(start_step=10)  # restarted from the step-10 checkpoint: 20 is trained twice
+    again.log_report({"step": 20, "train/loss": 0.7})
+    again.log_report({"step": 30, "train/loss": 0.3, "eval/AP_best": 0.1},
+                     ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 30))))
+    again.finish(error="loss is NaN/Inf at step 31")
+
+    client = MlflowClient(backend.uri)
+    runs = client.search_runs([link.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{link.parent_run_id}'")
+    assert [run.info.run_id for run in runs] == [first.run_id] == [again.run_id]
+    run = runs[0]
+    assert run.info.status == "FAILED" and run.data.tags["detsweep.error"] == "loss is NaN/Inf at step 31"
+    assert run.data.params["optimizer.learning_rate.learning_rate_base"] == "0.04"
+    assert run.data.params["train.num_steps"] == str(sweep.base.train.num_steps)
+    losses = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(losses) == [(10, 1.0), (20, 0.5), (30, 0.3)]  # the first value of step 20 stays
+    # the best checkpoint is still step 10's (0.2 > 0.1); latest is step 30's
+    assert run.data.tags["detsweep.checkpoint.best_step"] == "10" and run.data.tags["detsweep.checkpoint.latest_step"] == "30"
+    best = Path(client.download_artifacts(run.info.run_id, "checkpoints/best", str(tmp_path)))
+    assert json.loads((best / "meta.json").read_text())["step"] == 10
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "learning_rate.png", "error.txt", "checkpoints"} <= names
+    assert (tmp_path / "mlartifacts" / "quickstart").is_dir()
+
+
+def test_detsweep_ui_serves_the_embedded_backend_and_names_a_server(tmp_path):
+    import requests
+
+    shown = run_cli("ui", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": "http://tracking.internal:5000"})
+    assert shown.returncode == 0 and shown.stdout.strip() == "MLflow: http://tracking.internal:5000"
+
+    port = free_port()
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MLFLOW_TRACKING_URI"}
+    ui = subprocess.Popen([sys.executable, "-m", "detsweep", "ui", "--port", str(port)], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                page = requests.get(f"http://127.0.0.1:{port}/", timeout=2)
+                if page.status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.5)
+        assert page.status_code == 200 and "MLflow" in page.text
+        assert (tmp_path / "mlflow.db").exists()  # mlflow ui opened the embedded backend here
+    finally:
+        import os
+        import signal
+
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+
+def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
+    import io
+
+    from PIL import Image
+
+    from detsweep.config.schema import DatasetConfig
+    from detsweep.data import load_dataset
+    from detsweep.evaluation.pictures import detections_picture
+
+    val_set = load_dataset(DatasetConfig(format="synthetic", num_images=3, image_size=96, classes=2, seed=5))
+    first = val_set.examples[0]
+    ymin, xmin, ymax, xmax = (float(v) for v in first.boxes[0])
+    detections = [{"image_id": first.image_id, "category_id": val_set.categories[0].id,
+                   "bbox": [xmin, ymin, xmax - xmin, ymax - ymin], "score": 0.9}]
+    picture = Image.open(io.BytesIO(detections_picture(val_set, detections, count=2)))
+    one_row = Image.open(io.BytesIO(detections_picture(val_set, detections, count=1)))
+    assert picture.format == "PNG" and picture.width == one_row.width
+    assert picture.height == pytest.approx(2 * one_row.height, rel=0.05)  # a row per image: truth | detections
+    assert len(set(np.asarray(picture.convert("L")).ravel().tolist())) > 20  # images drawn, not blank
+
+
+def test_the_picture_survives_boxes_far_outside_the_image():
+    from detsweep.config.schema import DatasetConfig
+    from detsweep.data import load_dataset
+    from detsweep.evaluation.pictures import detections_picture
+
+    val_set = load_dataset(DatasetConfig(format="synthetic", num_images=1, image_size=64, classes=1, seed=1))
+    wild = [{"image_id": val_set.examples[0].image_id, "category_id": val_set.categories[0].id,
+             "bbox": bbox, "score": 0.9} for bbox in ([-1e9, 5e8, 3e9, 1e9], [10, 10, float("nan"), 5])]
+    assert detections_picture(val_set, wild, count=1).startswith(b"\x89PNG")
