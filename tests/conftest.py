@@ -31,3 +31,10 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     return subprocess.run(
         [sys.executable, "-m", "detsweep.cli", *args], capture_output=True, text=True, cwd=cwd or REPO, env=env
     )
+
+
+@pytest.fixture(autouse=True)
+def own_tracking_uri(monkeypatch):
+    """``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI`` in ``os.environ``, where
+    every later ``detsweep`` subprocess would inherit it: each test starts without one."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

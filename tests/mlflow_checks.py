@@ -29,6 +29,10 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
     assert parent.info.status == "FINISHED" and tags["detsweep.role"] == "sweep"
     assert tags["detsweep.sweep"] == report["name"] and tags["detsweep.results_path"] == report["path"]
     assert parent.data.params["search.metric"] == report["metric"]
+    if report["best"]:
+        best_value = report["best"]["metrics"][report["metric"]]
+        assert parent.data.metrics[f"best/{report['metric']}"] == pytest.approx(best_value)
+        assert tags["detsweep.best_trial"] == report["best"]["trial_id"]
     assert {"sweep.yaml", "base_config.yaml", "trials.csv", "sweep.png"} <= artifacts(client, parent.info.run_id)
     sweeps = client.search_runs([info["experiment_id"]], filter_string="tags.`detsweep.role` = 'sweep'")
     assert [run.info.run_id for run in sweeps] == [parent.info.run_id]  # a resumed sweep kept its run

@@ -4,8 +4,6 @@ the retrying writer, and the errors users get before anything trains."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 from detsweep.config import TrackingConfig
 from detsweep.errors import DetsweepError
-from detsweep.tracking import RunLink, TrialRun, open_sweep_run, resolve_backend
+from detsweep.tracking import TrialRun, open_sweep_run, resolve_backend
 from detsweep.tracking.writer import RetryingWriter
 
 from .conftest import REPO, run_cli
@@ -142,33 +140,10 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     assert (tmp_path / "mlartifacts" / "quickstart").is_dir()
 
 
-def test_detsweep_ui_serves_the_embedded_backend_and_names_a_server(tmp_path):
-    import requests
-
-    shown = run_cli("ui", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": "http://tracking.internal:5000"})
+def test_detsweep_ui_names_a_tracking_server():
+    """On the embedded backend it runs ``mlflow ui`` (the ASHA sweep test opens that in a browser)."""
+    shown = run_cli("ui", env={"MLFLOW_TRACKING_URI": "http://tracking.internal:5000"})
     assert shown.returncode == 0 and shown.stdout.strip() == "MLflow: http://tracking.internal:5000"
-
-    port = free_port()
-    env = {k: v for k, v in __import__("os").environ.items() if k != "MLFLOW_TRACKING_URI"}
-    ui = subprocess.Popen([sys.executable, "-m", "detsweep", "ui", "--port", str(port)], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                page = requests.get(f"http://127.0.0.1:{port}/", timeout=2)
-                if page.status_code == 200:
-                    break
-            except requests.RequestException:
-                time.sleep(0.5)
-        assert page.status_code == 200 and "MLflow" in page.text
-        assert (tmp_path / "mlflow.db").exists()  # mlflow ui opened the embedded backend here
-    finally:
-        import os
-        import signal
-
-        os.killpg(ui.pid, signal.SIGTERM)
-        ui.wait(timeout=30)
 
 
 def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
@@ -201,3 +176,26 @@ def test_the_picture_survives_boxes_far_outside_the_image():
     wild = [{"image_id": val_set.examples[0].image_id, "category_id": val_set.categories[0].id,
              "bbox": bbox, "score": 0.9} for bbox in ([-1e9, 5e8, 3e9, 1e9], [10, 10, float("nan"), 5])]
     assert detections_picture(val_set, wild, count=1).startswith(b"\x89PNG")
+
+
+def test_the_sweep_run_goes_to_the_named_experiment_and_is_found_again_on_resume(tmp_path):
+    from mlflow import MlflowClient
+
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(QUICKSTART_SWEEP, ["base.tracking.experiment=detectors"])
+    backend = resolve_backend(sweep.base.tracking, cwd=tmp_path)
+    results = str(tmp_path / "ray" / "quickstart")
+    first = open_sweep_run(sweep, results, backend, as_run(sweep))
+    again = open_sweep_run(sweep, results, backend, as_run(sweep))  # what resume does
+    other = open_sweep_run(sweep, str(tmp_path / "ray" / "other"), backend, as_run(sweep))
+    assert again == first and other.parent_run_id != first.parent_run_id
+    client = MlflowClient(backend.uri)
+    experiment = client.get_experiment(first.experiment_id)
+    assert experiment.name == "detectors"
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on training runs
+    run = client.get_run(first.parent_run_id)
+    assert run.info.run_name == "quickstart" and run.data.tags["detsweep.results_path"] == results
+    assert run.data.params["space.optimizer.moving_average_decay"] == "{values: [0.99, 0.995]}"
+    assert {a.path for a in client.list_artifacts(first.parent_run_id)} == {"sweep.yaml", "base_config.yaml"}
