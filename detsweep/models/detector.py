@@ -9,9 +9,6 @@ import tensorflow as tf
 
 from detsweep.data.pipeline import InputSpec, pad_and_normalise
 
-OUTPUTS = ("detection_boxes", "detection_classes", "detection_scores", "num_detections")
-
-
 class Detector:
     def __init__(self, model, image_size: int, category_ids: list[int]):
         self.model = model

@@ -41,12 +41,9 @@ def resolve_backend(tracking: TrackingConfig, cwd: Path | None = None) -> Backen
         uri, source = os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
     else:
         return Backend(f"sqlite:///{cwd / EMBEDDED_DB}", (cwd / EMBEDDED_ARTIFACTS).as_uri(), "the embedded default")
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        database = Path(uri.removeprefix("sqlite:///"))
-        uri = f"sqlite:///{cwd / database}"
-        return Backend(uri, (cwd / database).parent.joinpath(EMBEDDED_ARTIFACTS).as_uri(), source)
-    if uri.startswith("sqlite:////"):
-        return Backend(uri, Path(uri.removeprefix("sqlite:///")).parent.joinpath(EMBEDDED_ARTIFACTS).as_uri(), source)
+    if uri.startswith("sqlite:///"):
+        database = cwd / uri.removeprefix("sqlite:///")  # a relative path joins cwd; an absolute one stays
+        return Backend(f"sqlite:///{database}", database.parent.joinpath(EMBEDDED_ARTIFACTS).as_uri(), source)
     if uri.startswith(("http://", "https://")):
         return Backend(uri, None, source)
     raise DetsweepError(f"{source}: found {uri!r}, expected an http(s):// MLflow server or a sqlite:/// file")

@@ -47,9 +47,10 @@ def signature():
     )
 
 
-def register_best(link: RunLink, name: str, best: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """Log the best trial's checkpoint as a model in its own run and register it under ``name``;
-    the averaged weights when they scored better than the raw ones."""
+def register_best(link: RunLink, name: str, best: dict[str, Any]) -> dict[str, Any]:
+    """Log the best trial's checkpoint as a model in its own run (``best["mlflow_run_id"]``)
+    and register it under ``name``; the averaged weights when they scored better."""
+    run_id = best["mlflow_run_id"]
     use_average = best["metrics"].get("eval_ema/AP", -1.0) >= best["metrics"].get("eval/AP", -1.0)
     mlflow.set_tracking_uri(link.uri)
     status = mlflow.MlflowClient(link.uri).get_run(run_id).info.status

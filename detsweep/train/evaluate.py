@@ -45,9 +45,6 @@ class Evaluator:
             )
         return detections
 
-    def evaluate(self) -> dict[str, float]:
-        return evaluate_detections(self.ground_truth, self.detect_all())
-
     def evaluate_with_average(self, moving_average: MovingAverage | None, picture: bool = False) -> dict:
         """``eval/*``, ``eval_ema/*`` when there is an average, and ``eval/AP_best``; with
         ``picture``, also ``PICTURE_KEY``: a PNG (base64) of the better weights' detections."""
