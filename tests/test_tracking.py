@@ -4,6 +4,8 @@ the retrying writer, and the errors users get before anything trains."""
 from __future__ import annotations
 
 import json
+import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -111,8 +113,12 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
         return TrialRun(link, "t_00000", "trial_t_00000", sweep.base, swept, "eval/AP_best", "max", start_step)
 
     first = trial()
+    server_busy = threading.Event()
+    first.writer.submit("a slow server", server_busy.wait)
     first.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2},
                      ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 10))))
+    shutil.rmtree(tmp_path / "checkpoint_10")  # Ray Train drops it (num_to_keep) before the writer gets there
+    server_busy.set()
     first.log_report({"step": 20, "train/loss": 0.5})
     first.close()  # the process dies here (a worker failure, a killed driver)
 
@@ -199,3 +205,28 @@ def test_the_sweep_run_goes_to_the_named_experiment_and_is_found_again_on_resume
     assert run.info.run_name == "quickstart" and run.data.tags["detsweep.results_path"] == results
     assert run.data.params["space.optimizer.moving_average_decay"] == "{values: [0.99, 0.995]}"
     assert {a.path for a in client.list_artifacts(first.parent_run_id)} == {"sweep.yaml", "base_config.yaml"}
+
+
+def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_the_driver(tmp_path):
+    """ASHA ends a stopped trial's process at once, its MLflow writer with it: the driver
+    uploads the checkpoint Tune kept for the trial when the sweep closes."""
+    from mlflow import MlflowClient
+
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+    from detsweep.tracking import close_sweep_run
+
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
+    stopped = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
+    stopped.log_report({"step": 5, "train/loss": 2.0})
+    stopped.close()  # killed before its checkpoint was written
+    trial = {"trial_id": "t_00001", "status": "STOPPED", "metrics": {"step": 5, "eval/AP_best": 0.1}, "config": {},
+             "checkpoint": str(checkpoint_dir(tmp_path, 5)), "error": None}
+    close_sweep_run(link, {"metric": "eval/AP_best", "trials": [trial], "best": trial}, [])
+
+    client = MlflowClient(backend.uri)
+    run = client.get_run(stopped.run_id)
+    assert run.info.status == "KILLED" and run.data.tags["detsweep.checkpoint.best_step"] == "5"
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/best")} == {"checkpoints/best/meta.json"}

@@ -14,7 +14,7 @@ import yaml
 import detsweep
 
 from .backend import Backend
-from .trial_run import PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
+from .trial_run import BEST_STEP_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
 
 RESULTS_TAG = "detsweep.results_path"
 
@@ -34,7 +34,8 @@ def experiment_id(client, name: str, backend: Backend) -> str:
                                     tags={"mlflow.experimentKind": "custom_model_development"})
 
 
-def open_sweep_run(sweep, results_path: str, backend: Backend, as_run: dict[str, Any]) -> RunLink:
+def open_sweep_run(sweep, results_path: str, backend: Backend, as_run: dict[str, Any],
+                   tags: dict[str, str] | None = None) -> RunLink:
     """The sweep's parent run: found by its results path (a resumed sweep), else created."""
     from mlflow import MlflowClient
 
@@ -46,7 +47,7 @@ def open_sweep_run(sweep, results_path: str, backend: Backend, as_run: dict[str,
         run_id = found[0].info.run_id
         client.update_run(run_id, status="RUNNING")
         return RunLink(backend.uri, experiment, run_id)
-    run = client.create_run(experiment, run_name=sweep.name, tags=sweep_tags(sweep, results_path))
+    run = client.create_run(experiment, run_name=sweep.name, tags=sweep_tags(sweep, results_path) | (tags or {}))
     run_id = run.info.run_id
     client.log_batch(run_id, params=search_params(as_run["search"]))
     client.log_text(run_id, yaml.safe_dump(as_run, sort_keys=False), "sweep.yaml")
@@ -128,12 +129,26 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str]) -> 
 def end_trial_run(client, run, trial: dict[str, Any]) -> None:
     status = RUN_STATUS.get(trial["status"], "KILLED")  # PENDING/RUNNING: cut by the time budget
     run_id = run.info.run_id
+    if BEST_STEP_TAG not in run.data.tags and trial.get("checkpoint"):
+        upload_best_checkpoint(client, run_id, trial["checkpoint"])
     if status == "KILLED":
         client.set_tag(run_id, "early_stopped", "true")
     if status == "FAILED" and trial.get("error") and "detsweep.error" not in run.data.tags:
         client.set_tag(run_id, "detsweep.error", trial["error"][:5000])
     if run.info.status != status:
         client.set_terminated(run_id, status)
+
+
+def upload_best_checkpoint(client, run_id: str, checkpoint: str) -> None:
+    """A trial stopped by the scheduler is ended at once, its writer with it, maybe before its
+    best checkpoint reached MLflow; the driver uploads the one Tune kept for it."""
+    import json
+
+    directory = Path(checkpoint)
+    if not directory.is_dir():  # in cloud storage: not read from here
+        return
+    client.log_artifacts(run_id, str(directory), "checkpoints/best")
+    client.set_tag(run_id, BEST_STEP_TAG, str(json.loads((directory / "meta.json").read_text())["step"]))
 
 
 def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import math
 import os
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from .writer import RetryingWriter
 TRIAL_TAG = "detsweep.trial_id"
 ROLE_TAG = "detsweep.role"
 PARENT_TAG = "mlflow.parentRunId"
+BEST_STEP_TAG = "detsweep.checkpoint.best_step"
 MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limit
 
 
@@ -35,7 +37,7 @@ class RunLink:
 
     uri: str
     experiment_id: str
-    parent_run_id: str
+    parent_run_id: str | None  # None: a run of its own (a fine-tune from a checkpoint folder)
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -53,11 +55,9 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 
 
 def find_trial_run(client, link: RunLink, trial_id: str):
-    runs = client.search_runs(
-        [link.experiment_id],
-        filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`{PARENT_TAG}` = '{link.parent_run_id}'",
-        max_results=1,
-    )
+    nested = f" and tags.`{PARENT_TAG}` = '{link.parent_run_id}'" if link.parent_run_id else ""
+    runs = client.search_runs([link.experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'{nested}",
+                              max_results=1)
     return runs[0] if runs else None
 
 
@@ -65,7 +65,9 @@ class TrialRun:
     """Logs one trial's reports; every call returns at once (see :class:`RetryingWriter`)."""
 
     def __init__(self, link: RunLink, trial_id: str, trial_name: str, config: TrialConfig,
-                 swept: dict[str, Any], metric: str, mode: str, start_step: int = 0):
+                 swept: dict[str, Any], metric: str, mode: str, start_step: int = 0,
+                 tags: dict[str, str] | None = None):
+        """``tags``: for a new run, beyond the ones every trial's run has (a fine-tune's source)."""
         from mlflow import MlflowClient
 
         # One retry policy, the writer's, with a deadline: MLflow's own HTTP retries would hold
@@ -74,12 +76,17 @@ class TrialRun:
         self.client = MlflowClient(link.uri)
         self.link, self.trial_id, self.trial_name, self.config = link, trial_id, trial_name, config
         self.metric, self.mode = metric, mode
+        self.tags = {TRIAL_TAG: trial_id, ROLE_TAG: "trial"} | ({PARENT_TAG: link.parent_run_id} if link.parent_run_id else {})
+        self.tags |= tags or {}
         self.run_id: str | None = None
         self.last_step = -1
         self.best: float | None = None
         # Drawn here, not in the writer's thread: it imports TensorFlow, which must not be
         # imported by two threads at once (the trial's own thread is importing it too).
         self.schedule = schedule_figure(config)
+        # Checkpoints are uploaded from copies: Ray Train drops its own (num_to_keep) on its
+        # schedule, which need not wait for a writer that lags behind a slow server.
+        self.snapshots = Path(tempfile.mkdtemp(prefix="detsweep-checkpoints-"))
         self.writer = RetryingWriter()
         self.writer.submit("opening the run", self._open)
         numeric = {f"hparams/{path}": float(v) for path, v in swept.items() if isinstance(v, (int, float))}
@@ -98,8 +105,7 @@ class TrialRun:
             best = run.data.tags.get("detsweep.best_value")
             self.best = float(best) if best is not None else None
             return
-        run = self.client.create_run(self.link.experiment_id, run_name=self.trial_name, tags={
-            PARENT_TAG: self.link.parent_run_id, TRIAL_TAG: self.trial_id, ROLE_TAG: "trial"})
+        run = self.client.create_run(self.link.experiment_id, run_name=self.trial_name, tags=self.tags)
         self.run_id = run.info.run_id
         params = [Param(k, v) for k, v in flatten(self.config.model_dump(mode="json")).items()]
         for start in range(0, len(params), MAX_PARAMS_PER_CALL):
@@ -107,6 +113,10 @@ class TrialRun:
         self.client.log_text(self.run_id, yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
                              "config.yaml")
         self.client.log_figure(self.run_id, self.schedule, "learning_rate.png")
+
+    def log_dict(self, value: dict[str, Any], name: str) -> None:
+        """A JSON artifact (``warm_start.json``: what a fine-tune restored)."""
+        self.writer.submit(name, lambda: self.client.log_dict(self.run_id, value, name))
 
     def log_report(self, metrics: dict[str, Any], checkpoint=None) -> None:
         """One report of Ray Train: its metrics at its step, and its checkpoint when it has one."""
@@ -118,7 +128,8 @@ class TrialRun:
             self.writer.submit(f"the picture at step {step}", lambda: self._log_picture(step, png))
         if checkpoint is not None:
             score = values.get(self.metric)
-            self.writer.submit(f"the checkpoint at step {step}", lambda: self._log_checkpoint(checkpoint, step, score))
+            copy = self._snapshot(checkpoint, step)
+            self.writer.submit(f"the checkpoint at step {step}", lambda: self._log_checkpoint(copy, step, score))
 
     def _log_metrics(self, step: int, values: dict[str, float], force: bool = False) -> None:
         import time
@@ -143,17 +154,25 @@ class TrialRun:
             path.write_bytes(png)
             self.client.log_artifact(self.run_id, str(path), "detections")
 
-    def _log_checkpoint(self, checkpoint, step: int, score: float | None) -> None:
+    def _snapshot(self, checkpoint, step: int) -> Path:
+        """The checkpoint's files under this run's scratch folder: hard links where the
+        filesystem allows (instant, and they outlive Ray deleting the original), else copies."""
+        copy = self.snapshots / f"step_{step:06d}"
+        shutil.rmtree(copy, ignore_errors=True)  # a step trained twice, after a restart
         with checkpoint.as_directory() as directory:
-            if not Path(directory).exists():  # Ray already dropped it (num_to_keep) while we lagged
-                return
-            self.client.log_artifacts(self.run_id, directory, "checkpoints/latest")
-            self.client.set_tag(self.run_id, "detsweep.checkpoint.latest_step", str(step))
-            if score is not None and not math.isnan(score) and self._improves(score):
-                self.client.log_artifacts(self.run_id, directory, "checkpoints/best")
-                self.best = score
-                self.client.set_tag(self.run_id, "detsweep.checkpoint.best_step", str(step))
-                self.client.set_tag(self.run_id, "detsweep.best_value", repr(score))
+            shutil.copytree(directory, copy, copy_function=_link_or_copy)
+        return copy
+
+    def _log_checkpoint(self, directory: Path, step: int, score: float | None) -> None:
+        # The best first: a trial stopped by the scheduler ends at once, mid-way perhaps.
+        if score is not None and not math.isnan(score) and self._improves(score):
+            self.client.log_artifacts(self.run_id, str(directory), "checkpoints/best")
+            self.best = score
+            self.client.set_tag(self.run_id, BEST_STEP_TAG, str(step))
+            self.client.set_tag(self.run_id, "detsweep.best_value", repr(score))
+        self.client.log_artifacts(self.run_id, str(directory), "checkpoints/latest")
+        self.client.set_tag(self.run_id, "detsweep.checkpoint.latest_step", str(step))
+        shutil.rmtree(directory, ignore_errors=True)
 
     def _improves(self, score: float) -> bool:
         return self.best is None or (score > self.best if self.mode == "max" else score < self.best)
@@ -172,11 +191,19 @@ class TrialRun:
 
     def close(self, timeout_s: float = 10.0) -> None:
         lost = self.writer.close(timeout_s)
+        shutil.rmtree(self.snapshots, ignore_errors=True)
         if lost and self.run_id:
             try:
                 self.client.set_tag(self.run_id, "detsweep.lost_writes", "; ".join(lost)[:5000])
             except Exception:  # the server is still away: the lost list is in the trial's log
                 pass
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(source, target)
 
 
 def schedule_figure(config: TrialConfig):
