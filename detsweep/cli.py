@@ -89,6 +89,28 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--json", action="store_true", help="print the same object as launch --json")
     resume.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
 
+    best = _command(commands, "best", best_command, "rank a sweep's trials from MLflow (no Ray results folder needed)")
+    best.add_argument("experiment", help="the sweep's name (its MLflow experiment) or its sweep file")
+    best.add_argument("--metric", help="rank by this metric (default: the sweep's)")
+    best.add_argument("--mode", choices=("max", "min"), help="(default: the sweep's)")
+    best.add_argument("--top", type=int, help="show only the first K trials")
+    best.add_argument("--json", action="store_true", help='print {"experiment", "metric", "mode", "trials": […]}')
+
+    finetune = _command(commands, "finetune", finetune_command,
+                        "keep training a checkpoint (a sweep's best) on more steps, new data or new classes")
+    finetune.add_argument("config", nargs="?", help="a trial config merged over the source's as-run config")
+    finetune.add_argument("--from", dest="source", required=True, metavar="SOURCE",
+                          help="best:<experiment>, run:<mlflow run id> or checkpoint:<folder>")
+    _overrides_argument(finetune, "override the merged config, e.g. --set model.num_classes=5")
+    finetune.add_argument("--from-ema", action="store_true", help="start from the checkpoint's moving-average weights")
+    finetune.add_argument("--keep-optimizer-state", action="store_true",
+                          help="keep the optimizer's slots and step (default: a fresh optimizer and schedule at step 0)")
+    finetune.add_argument("--sweep", metavar="SWEEP.yaml", help="run this sweep, every trial starting from the checkpoint")
+    finetune.add_argument("--address", help="a running Ray cluster (default: start a local one)")
+    finetune.add_argument("--storage", help="where Ray keeps results and checkpoints (default: ~/ray_results)")
+    finetune.add_argument("--no-register", action="store_true", help="--sweep: do not register the best model")
+    finetune.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
     ui = _command(commands, "ui", ui_command, "open the MLflow dashboard: mlflow ui on the embedded backend, or the server's URL")
     ui.add_argument("--config", help="a trial config or sweep file whose tracking.uri to use (default: $MLFLOW_TRACKING_URI, else mlflow.db here)")
     ui.add_argument("--port", type=int, default=5000, help="for mlflow ui (default: 5000)")
@@ -103,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     from detsweep.data.commands import add_data_commands
 
     add_data_commands(commands)
+
+    from detsweep.export.commands import add_export_commands
+
+    add_export_commands(commands)
 
     odapi = _command(commands, "import-odapi", import_odapi, "convert an OD API pipeline.config into a detsweep YAML")
     odapi.add_argument("pipeline", help="the OD API pipeline.config (text proto)")
@@ -170,6 +196,10 @@ def train_command(args: argparse.Namespace) -> int:
     config = load_trial_config(args.config, args.overrides)
     for line in check_data(config):
         print(line, file=sys.stderr)
+    if config.train.fine_tune:
+        from detsweep.finetune import check_fit
+
+        check_fit(config, args.config)
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     outcome = run_train(config, name, address=args.address, storage_path=args.storage, progress=not args.json)
     if outcome.error:
@@ -231,6 +261,68 @@ def resume_command(args: argparse.Namespace) -> int:
     out = _summary_stream(args.json)
     report = resume(args.sweep, args.address, retry_errored=args.retry_errored, register=not args.no_register)
     return _sweep_summary(report, args.json, out)
+
+
+def best_command(args: argparse.Namespace) -> int:
+    from mlflow import MlflowClient
+
+    from detsweep.tracking import resolve_backend
+    from detsweep.tracking.backend import check_readable
+    from detsweep.tracking.best import rank_trials
+
+    name, tracking = _experiment_of(args.experiment)
+    backend = resolve_backend(tracking)
+    check_readable(backend)
+    ranking = rank_trials(MlflowClient(backend.uri), name, backend, args.metric, args.mode)
+    report = ranking.to_dict(args.top)
+    print(json.dumps(report) if args.json else format_ranking(report))
+    return 0
+
+
+def _experiment_of(name_or_file: str):
+    """A sweep file names its experiment and tracking server; a bare name uses the default server."""
+    from detsweep.config import TrackingConfig
+
+    if name_or_file.endswith((".yaml", ".yml")):
+        from detsweep.sweeps.spec import load_sweep
+
+        sweep = load_sweep(name_or_file)
+        return sweep.base.tracking.experiment or sweep.name, sweep.base.tracking
+    return name_or_file, TrackingConfig()
+
+
+def format_ranking(report: dict[str, Any]) -> str:
+    metric = report["metric"]
+    lines = [f"experiment {report['experiment']} at {report['tracking_uri']}, ranked by {metric} ({report['mode']})",
+             f"{'run':<34} {'trial':<14} {'status':<9} {metric:>14}  swept values"]
+    for trial in report["trials"]:
+        value = f"{trial['value']:.4g}" if trial["value"] is not None else "-"
+        swept = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial["swept"].items())
+        lines.append(f"{trial['run_id']:<34} {trial['trial_id'] or '-':<14} {trial['status']:<9} {value:>14}  {swept}")
+        lines.append(f"{'':<34} checkpoint: {trial['checkpoint'] or 'none'}")
+    return "\n".join(lines)
+
+
+def finetune_command(args: argparse.Namespace) -> int:
+    from detsweep.finetune import FineTuneRequest, finetune, finetune_sweep
+
+    request = FineTuneRequest(args.source, args.config, tuple(args.overrides), args.from_ema, args.keep_optimizer_state)
+    out = _summary_stream(args.json)
+    if args.sweep:
+        if args.config:
+            raise DetsweepError("detsweep finetune --sweep: the sweep file's base is the config; drop CONFIG.yaml")
+        return _sweep_summary(finetune_sweep(request, args.sweep, args.address, register=not args.no_register),
+                              args.json, out)
+    report = finetune(request, args.address, args.storage, progress=not args.json)
+    if report["error"]:
+        print(f"detsweep: fine-tuning failed: {report['error']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, default=str), file=out, flush=True)
+    else:
+        shown = {k: v for k, v in report["metrics"].items() if k.startswith("eval")}
+        print("\n".join([f"finished at step {report['steps']}"] + [f"  {k:<22} {v:.4f}" for k, v in sorted(shown.items())]
+                        + [f"checkpoint: {report['checkpoint']}", f"MLflow run: {report['mlflow']['run_id']}"]), file=out)
+    return 1 if report["error"] else 0
 
 
 def ui_command(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 
 def tiny_sweep(tmp_path: Path, search: str, num_steps: int = 20, every: int = 5, name: str = "tiny",
-               scaling: str = "{}") -> Path:
+               scaling: str = "{}", data: str = "{train: {num_images: 16}, val: {num_images: 8}}") -> Path:
     """A sweep file of tiny quickstart trials, its results kept under ``tmp_path/ray``."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"""
@@ -32,7 +32,7 @@ name: {name}
 storage: {tmp_path / "ray"}
 base:
   from: {QUICKSTART}
-  data: {{train: {{num_images: 16}}, val: {{num_images: 8}}}}
+  data: {data}
   train: {{num_steps: {num_steps}, steps_per_loop: {every}, eval_every: {every}, checkpoint_every: {every}}}
   optimizer:
     learning_rate: {{total_steps: {num_steps}, warmup_steps: 2, warmup_learning_rate: 0.00001}}

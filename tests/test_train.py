@@ -121,7 +121,8 @@ def test_coordinate_round_trip_scores_ap_1(tmp_path):
         counts = (labels >= 0).sum(axis=1)
         detections += to_coco_detections(
             element["image_id"].numpy(), element["scale"].numpy(), element["boxes"].numpy(),
-            np.ones(labels.shape, np.float32), labels, counts, [c.id for c in dataset.categories])
+            np.ones(labels.shape, np.float32), labels, counts, [c.id for c in dataset.categories],
+            {e.image_id: (e.height, e.width) for e in dataset.examples})
     assert len(detections) == dataset.num_boxes == 217
     metrics = evaluate_detections(dataset.to_coco(), detections)
     assert metrics["AP"] == pytest.approx(1.0) and metrics["AP50"] == pytest.approx(1.0)

@@ -54,6 +54,16 @@ def absolute_path(value: str, base: Path) -> str:
     return ",".join(parts)
 
 
+def merge_trees(tree: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` merged into ``tree`` in place: mappings key by key, anything else replaced."""
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            merge_trees(tree[key], value)
+        else:
+            tree[key] = value
+    return tree
+
+
 def read_trial_tree(path: str | Path) -> dict[str, Any]:
     """The raw config tree of a file, before overrides and validation."""
     path = Path(path)

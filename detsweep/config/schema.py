@@ -262,6 +262,17 @@ class ModelConfig(Section):
         return self
 
 
+class FineTuneConfig(Section):
+    """Start from another training's checkpoint, as the OD API's ``fine_tune_checkpoint`` does:
+    every weight whose name and shape match is restored, the rest starts fresh."""
+
+    checkpoint: str = Field(description="a detsweep checkpoint folder, or an MLflow artifact URI runs:/<run>/<path>")
+    from_moving_average: bool = Field(False, description="start from the checkpoint's averaged weights")
+    keep_optimizer_state: bool = Field(
+        False, description="keep the optimizer's slots and step (training goes on to num_steps); "
+                           "false: a fresh optimizer and schedule from step 0")
+
+
 class TrainConfig(Section):
     batch_size: PosInt = Field(8, description="the global batch, split evenly across workers (as in the OD API)")
     num_steps: PosInt = 1000
@@ -271,6 +282,7 @@ class TrainConfig(Section):
     mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
     gradient_clipping_by_norm: NonNegFloat = Field(0.0, description="0: no clipping (as in the OD API)")
     seed: int = 0
+    fine_tune: FineTuneConfig | None = None
 
     @model_validator(mode="after")
     def _check_loop_boundaries(self) -> TrainConfig:

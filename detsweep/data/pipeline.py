@@ -51,14 +51,20 @@ def to_tensors(dataset: DetectionSet, max_boxes: int) -> dict[str, np.ndarray]:
 def decode_and_resize(element: dict, spec: InputSpec, from_files: bool) -> dict:
     data = tf.io.read_file(element["image"]) if from_files else element["image"]
     # channels=3 turns grayscale into RGB and drops an alpha channel.
-    image = tf.io.decode_image(data, channels=3, expand_animations=False)
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    scale = spec.image_size / tf.reduce_max(shape)
-    resized_shape = tf.cast(tf.round(shape * scale), tf.int32)
-    image = tf.image.resize(tf.cast(image, tf.float32), resized_shape)
+    image, scale = resize_longer_side(tf.io.decode_image(data, channels=3, expand_animations=False), spec.image_size)
     valid = element["labels"] >= 0
     boxes = tf.where(valid[:, None], element["boxes"] * scale, -1.0)
-    return {**element, "image": image, "boxes": boxes, "scale": scale, "resized_shape": resized_shape}
+    return {**element, "image": image, "boxes": boxes, "scale": scale, "resized_shape": tf.shape(image)[:2]}
+
+
+def resize_longer_side(images: tf.Tensor, image_size: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """An image ``[h, w, 3]`` (or a batch of one size, ``[b, h, w, 3]``) as float32 with its
+    longer side ``image_size``, aspect kept; and the scale from original to resized pixels.
+    Exported models do the same in their graphs."""
+    shape = tf.cast(tf.shape(images)[-3:-1], tf.float32)
+    scale = image_size / tf.reduce_max(shape)
+    resized_shape = tf.cast(tf.round(shape * scale), tf.int32)
+    return tf.image.resize(tf.cast(images, tf.float32), resized_shape), scale
 
 
 def random_horizontal_flip(element: dict, probability: float) -> dict:
@@ -102,9 +108,10 @@ def random_scale_crop(element: dict, spec: InputSpec, scale_min: float, scale_ma
 
 
 def pad_and_normalise(element: dict, spec: InputSpec) -> dict:
+    """Pad bottom and right to the square, then normalise; one image or a batch."""
     image = tf.image.pad_to_bounding_box(element["image"], 0, 0, spec.image_size, spec.image_size)
     image = (image - MEAN) / STD
-    image.set_shape([spec.image_size, spec.image_size, 3])
+    image.set_shape(image.shape[:-3].concatenate([spec.image_size, spec.image_size, 3]))
     return {**element, "image": image}
 
 
@@ -138,7 +145,7 @@ def training_dataset(
 
 def evaluation_dataset(dataset: DetectionSet, spec: InputSpec, batch_size: int) -> tf.data.Dataset:
     """Every image once, in order: ``(images, {"image_id", "scale"})`` batches of exactly
-    ``batch_size`` (keras-hub's NMS needs a static batch); the last one is filled up with
+    ``batch_size`` (the evaluator traces one static batch shape); the last one is filled up with
     copies of the first image whose ``image_id`` is -1."""
     from_files = dataset.examples[0].encoded is None
     tensors = to_tensors(dataset, spec.max_boxes)

@@ -28,20 +28,25 @@ def to_coco_detections(
     labels: np.ndarray,
     counts: np.ndarray,
     original_ids: list[int],
+    image_sizes: dict[int, tuple[int, int]],
 ) -> list[dict]:
-    """A batch of model outputs as COCO result dicts (original pixels, xywh, original ids)."""
+    """A batch of model outputs as COCO result dicts (original pixels, xywh, original ids).
+    Boxes are clipped to their image (``image_sizes``: height, width by image id), as the OD
+    API's and exported models' are, so that every evaluation of a model scores the same boxes."""
     results = []
     for i, image_id in enumerate(image_ids):
         if image_id < 0:  # filler that completes the last batch
             continue
+        height, width = image_sizes[int(image_id)]
         for box, score, label in zip(boxes[i, : counts[i]], scores[i, : counts[i]], labels[i, : counts[i]]):
-            ymin, xmin, ymax, xmax = (float(v) / float(scales[i]) for v in box)
-            if xmax <= xmin or ymax <= ymin or label < 0:
+            ymin, xmin, ymax, xmax = np.clip(np.asarray(box, np.float64) / float(scales[i]), 0, [height, width] * 2)
+            # labels past the data's categories (model.num_classes above their count) have no ground truth
+            if xmax <= xmin or ymax <= ymin or not 0 <= label < len(original_ids):
                 continue
             results.append({
                 "image_id": int(image_id),
                 "category_id": original_ids[int(label)],
-                "bbox": [xmin, ymin, xmax - xmin, ymax - ymin],
+                "bbox": [float(xmin), float(ymin), float(xmax - xmin), float(ymax - ymin)],
                 "score": float(score),
             })
     return results

@@ -36,6 +36,25 @@ def detections_picture(val_set: DetectionSet, detections: list[dict], count: int
         draw(row[1], image, found, f"detections (score >= {MIN_SCORE})", "tab:red")
     if title:
         figure.suptitle(title)
+    return png_of(figure)
+
+
+def image_picture(image: np.ndarray, boxes: list[tuple], title: str = "") -> bytes:
+    """PNG bytes of one image with ``boxes`` drawn on it: ``(box in pixels, name, score)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    height, width = image.shape[:2]
+    figure, axis = plt.subplots(figsize=(6, 6 * height / width), layout="constrained")
+    draw(axis, image, boxes, title, "tab:red")
+    return png_of(figure)
+
+
+def png_of(figure) -> bytes:
+    import matplotlib.pyplot as plt
+
     out = io.BytesIO()
     figure.savefig(out, format="png", dpi=72)
     plt.close(figure)

@@ -1,7 +1,8 @@
 """RetinaNet from keras-hub: its feature pyramid, anchor generator, box matcher, heads and NMS.
 
 detsweep adds nothing to the architecture. It only chooses sizes (pyramid levels, head
-depth) and exposes the two losses separately so that training can report them.
+depth), exposes the two losses separately so that training can report them, and has
+TensorFlow's own function do keras-hub's NMS (see :class:`TensorFlowNonMaxSuppression`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def build_retinanet(config: ModelConfig, num_classes: int) -> keras_hub.models.R
         anchor_generator=anchors,
         pre_logits_num_conv_layers=config.head_conv_layers,
     )
-    detector.prediction_decoder = keras_hub.layers.NonMaxSuppression(
+    detector.prediction_decoder = TensorFlowNonMaxSuppression(
         bounding_box_format="yxyx",
         from_logits=True,
         confidence_threshold=config.score_threshold,
@@ -46,6 +47,40 @@ def build_retinanet(config: ModelConfig, num_classes: int) -> keras_hub.models.R
         max_detections=config.max_detections,
     )
     return detector
+
+
+@keras.saving.register_keras_serializable(package="detsweep")
+class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
+    """keras-hub's NMS, computed by ``tf.image.non_max_suppression_padded``: the TensorFlow
+    function keras-hub's is a port of, with the same settings and the same boxes (boxes of
+    exactly equal score may come in another order).
+
+    - keras-hub builds the indices of its tiles of 512 boxes from a float ``linspace``. In a
+      ``tf.function`` (evaluation, exported models), TensorFlow's constant folding rewrites
+      that arithmetic and 48 indices of the first tile come out one too small: 48 of the 512
+      best-scoring boxes are never considered. Eagerly the result is exact greedy NMS, and
+      TensorFlow's version, which slices with integers, gives it in both.
+    - TensorFlow's version takes a batch of any size; keras-hub's needs a static one.
+    - Keras's argmax of floats adds a BitwiseAnd (to put -0.0 below 0.0), for which TFLite has
+      no builtin kernel; sigmoid scores are never -0.0, so ``tf.argmax`` gives the same labels.
+
+    Boxes stay in the model's format: ``yxyx``, the one the suppression reads. Rows past
+    ``num_detections`` are -1, as keras-hub's.
+    """
+
+    def call(self, box_prediction, class_prediction, images=None):
+        scores = ops.sigmoid(class_prediction) if self.from_logits else class_prediction
+        confidence = ops.max(scores, axis=-1)
+        kept, count = tf.image.non_max_suppression_padded(
+            box_prediction, confidence, self.max_detections, iou_threshold=self.iou_threshold,
+            score_threshold=self.confidence_threshold, pad_to_max_output_size=True, canonicalized_coordinates=True)
+        valid = tf.range(self.max_detections)[None, :] < count[:, None]
+        return {
+            "boxes": tf.where(valid[..., None], tf.gather(box_prediction, kept, batch_dims=1), -1.0),
+            "confidence": tf.where(valid, tf.gather(confidence, kept, batch_dims=1), -1.0),
+            "labels": tf.where(valid, tf.argmax(tf.gather(scores, kept, batch_dims=1), -1, output_type=tf.int32), -1),
+            "num_detections": count,
+        }
 
 
 class RetinaNetLosses:

@@ -55,6 +55,11 @@ class MovingAverage(tf.Module):
             rate = tf.cast(1.0 - decay, average.dtype)
             average.assign_sub(rate * (average - tf.cast(tf.convert_to_tensor(weight), average.dtype)))
 
+    def reset(self) -> None:
+        """Start averaging afresh from the weights as they are now (after a fine-tune's restore)."""
+        for average, weight in zip(self.averages, self._weights):
+            average.assign(tf.cast(tf.convert_to_tensor(weight), average.dtype))
+
     def swap(self) -> None:
         """Exchange the weights and their averages (exact: values are copied, not recomputed)."""
         for average, weight in zip(self.averages, self._weights):

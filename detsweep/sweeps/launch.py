@@ -88,8 +88,10 @@ def cluster_nodes() -> list[dict[str, float]]:
     return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
 
 
-def launch(sweep: Sweep, address: str | None = None, register: bool = True) -> dict[str, Any]:
-    """Run the sweep to the end; returns the ``detsweep launch --json`` object."""
+def launch(sweep: Sweep, address: str | None = None, register: bool = True,
+           tags: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the sweep to the end; returns the ``detsweep launch --json`` object. ``tags``: more
+    tags for its MLflow run (a fine-tuning sweep's source)."""
     from detsweep.trainables.trainer import check_data
     from detsweep.tracking import check_backend, open_sweep_run, resolve_backend, trial_environment
 
@@ -100,12 +102,16 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True) -> d
     check_backend(backend)
     for line in check_data(sweep.base):
         print(line, flush=True)
+    if sweep.base.train.fine_tune:
+        from detsweep.finetune import check_fit
+
+        check_fit(sweep.base, str(sweep.path))
     connect(address, env=trial_environment())
     nodes = cluster_nodes()
     check_resources(sweep, nodes)
     fits = trials_at_once(sweep, sum(n.get("CPU", 0) for n in nodes), sum(n.get("GPU", 0) for n in nodes))
     path = save_sweep(sweep)
-    link = open_sweep_run(sweep, path, backend, as_run(sweep))
+    link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     print(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}", flush=True)
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps)
     build_tuner(sweep, max(1, fits), link, callbacks=[progress]).fit()

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from detsweep.config import TrialConfig, validate
-from detsweep.config.loader import read_trial_tree, read_yaml_mapping, resolve_data_paths, set_path
+from detsweep.config.loader import merge_trees, read_trial_tree, read_yaml_mapping, resolve_data_paths, set_path
 from detsweep.config.schema import invalid
 from detsweep.errors import DetsweepError
 
@@ -118,16 +118,7 @@ def _resolve_base(base: Any, sweep_path: Path) -> dict[str, Any]:
     tree = read_trial_tree(config_path)
     resolve_data_paths(tree, config_path.parent)
     resolve_data_paths(base, sweep_path.parent)
-    return _merge(tree, base)
-
-
-def _merge(tree: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(tree.get(key), dict):
-            _merge(tree[key], value)
-        else:
-            tree[key] = value
-    return tree
+    return merge_trees(tree, base)
 
 
 def _included(files: Any, sweep_path: Path) -> dict[str, Any]:

@@ -77,6 +77,16 @@ def check_backend(backend: Backend, timeout_s: float = 10.0) -> None:
                             "to an MLflow API call; expected an MLflow tracking server")
 
 
+def check_readable(backend: Backend) -> None:
+    """For commands that read runs: a server that answers, or a sqlite file that exists
+    (opening a missing one would create it, empty)."""
+    check_backend(backend)
+    database = backend.uri.removeprefix("sqlite:///")
+    if not backend.is_server and not Path(database).is_file():
+        raise DetsweepError(f"{backend.source}: no MLflow database at {database} "
+                            "(expected the folder a sweep ran in, or MLFLOW_TRACKING_URI)")
+
+
 def ui_command_line(backend: Backend, port: int) -> list[str]:
     """``mlflow ui`` on the embedded backend: its sqlite file, its artifact folder."""
     import sys

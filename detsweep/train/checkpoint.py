@@ -5,6 +5,7 @@ or fine-tuned without anything else."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import keras
@@ -13,7 +14,8 @@ import yaml
 
 from detsweep.config import TrialConfig
 from detsweep.data import Category
-from detsweep.optim import MovingAverage
+from detsweep.models import build_model
+from detsweep.optim import MovingAverage, build_optimizer
 
 PREFIX = "ckpt"
 CONFIG_FILE = "config.yaml"
@@ -24,6 +26,7 @@ class TrainingState:
     """The trackable state of one training, created under the strategy's scope."""
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, moving_average: MovingAverage | None):
+        self.model, self.optimizer, self.moving_average = model, optimizer, moving_average
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         parts = {"model": model, "optimizer": optimizer, "step": self.step}
         if moving_average is not None:
@@ -42,6 +45,20 @@ class TrainingState:
         """Load everything from a checkpoint directory; returns the step it was saved at."""
         self.checkpoint.read(str(Path(directory) / PREFIX)).assert_existing_objects_matched()
         return int(self.step.numpy())
+
+
+def build_training_state(config: TrialConfig, num_classes: int) -> tuple[TrainingState, Callable]:
+    """A fresh model, its optimizer (slots built, so a restore can fill them) and moving
+    averages; and the callable that computes the model's loss terms."""
+    model, losses = build_model(config.model, num_classes)
+    train = config.train
+    optimizer = build_optimizer(config.optimizer, clip_norm=train.gradient_clipping_by_norm,
+                                mixed_precision=train.mixed_precision)
+    optimizer.build(model.trainable_variables)
+    average = config.optimizer
+    moving_average = (MovingAverage.of_model(model, average.moving_average_decay, average.moving_average_dynamic_decay)
+                      if average.use_moving_average else None)
+    return TrainingState(model, optimizer, moving_average), losses
 
 
 def read_meta(directory: Path) -> dict:

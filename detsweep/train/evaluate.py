@@ -23,6 +23,7 @@ class Evaluator:
         self.ground_truth = val_set.to_coco()
         self.batches = evaluation_dataset(val_set, spec, batch_size)
         self.original_ids = [category.id for category in val_set.categories]
+        self.image_sizes = {example.image_id: (example.height, example.width) for example in val_set.examples}
         image_spec = tf.TensorSpec([batch_size, spec.image_size, spec.image_size, 3], tf.float32)
 
         @tf.function(input_signature=[image_spec])
@@ -41,7 +42,7 @@ class Evaluator:
             detections += to_coco_detections(
                 meta["image_id"].numpy(), meta["scale"].numpy(), out["boxes"].numpy(),
                 out["confidence"].numpy(), out["labels"].numpy(), out["num_detections"].numpy(),
-                self.original_ids,
+                self.original_ids, self.image_sizes,
             )
         return detections
 

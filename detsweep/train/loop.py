@@ -14,13 +14,13 @@ import tensorflow as tf
 from detsweep.config import TrialConfig
 from detsweep.data import load_dataset
 from detsweep.data.pipeline import InputSpec, training_dataset
-from detsweep.models import build_model
-from detsweep.optim import MovingAverage, build_optimizer, build_schedule
+from detsweep.optim import build_schedule
 
-from .checkpoint import TrainingState
+from .checkpoint import build_training_state
 from .evaluate import Evaluator, is_due
 from .step import make_train_loop
 from .strategy import make_strategy, use_worker_cpus
+from .warm_start import restore_what_fits
 
 # report(metrics, checkpoint_dir): the directory exists only during the call; copy what you keep.
 Reporter = Callable[[dict[str, float], "Path | None"], None]
@@ -49,15 +49,13 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     train = config.train
 
     with strategy.scope():
-        model, losses = build_model(config.model, config.model.num_classes or len(train_set.categories))
-        optimizer = build_optimizer(config.optimizer, clip_norm=train.gradient_clipping_by_norm,
-                                    mixed_precision=train.mixed_precision)
-        optimizer.build(model.trainable_variables)  # slots must exist before a restore
-        average = config.optimizer
-        moving_average = (MovingAverage.of_model(model, average.moving_average_decay, average.moving_average_dynamic_decay)
-                          if average.use_moving_average else None)
-        state = TrainingState(model, optimizer, moving_average)
-    step = state.restore(context.restore_from) if context.restore_from else 0
+        state, losses = build_training_state(config, config.model.num_classes or len(train_set.categories))
+    model, optimizer, moving_average = state.model, state.optimizer, state.moving_average
+    if context.restore_from:  # the same training, resumed
+        state.restore(context.restore_from)
+    elif train.fine_tune:  # another training's weights, as far as they fit
+        restore_what_fits(state, config)
+    step = int(state.step.numpy())
 
     def input_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         return training_dataset(

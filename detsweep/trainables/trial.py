@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,46 +51,53 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     context = ray.tune.get_context()
     restore = ray.tune.get_checkpoint()  # PBT's exploit, or a resumed sweep
     run = open_trial_run(tune_config, config, restore)
-    queue: Queue = Queue(actor_options={"num_cpus": 0})
     # A new Ray Train run at every start: one with the same name would resume from its own
     # latest checkpoint, not from the one Tune hands over (PBT's exploit must win).
     started = time.strftime("%Y%m%d-%H%M%S")
-    trainer = make_trainer(
-        config, name=f"{context.get_experiment_name()}-train-{context.get_trial_id()}-{started}",
-        storage_path=tune_config.get("storage"), callbacks=[ForwardReports(queue)],
-        restore_from=restore.path if restore else None, pictures=True,
-    )
-    failure: list[BaseException] = []
+    name = f"{context.get_experiment_name()}-train-{context.get_trial_id()}-{started}"
+    metric = tune_config["search"]["metric"]
 
-    def fit() -> None:
-        try:
-            trainer.fit()
-        except BaseException as error:  # re-raised below, in the trial's thread
-            failure.append(error)
-        finally:
-            queue.put(_DONE)
+    def to_tune(metrics: dict, checkpoint) -> None:
+        if metric in metrics:  # the evaluations: what schedulers and searchers decide on
+            reported = ray.tune.Checkpoint.from_directory(checkpoint.path) if checkpoint else None
+            ray.tune.report(metrics, checkpoint=reported)
 
-    threading.Thread(target=fit, daemon=True).start()
     try:
-        forward_reports(queue, run, tune_config["search"]["metric"])
+        reason = train_and_log(config, name, tune_config.get("storage"), run, to_tune,
+                               restore_from=restore.path if restore else None)
     except BaseException:  # stopped by the scheduler or the sweep's end: the driver ends the run
         run.close()
         raise
-    reason = failure_reason(failure[0]) if failure else None
     run.finish(error=reason)
     if reason:
         raise TrialFailed(reason)
 
 
-def forward_reports(queue: Queue, run: TrialRun, metric: str) -> None:
-    """Every report to MLflow; those with the sweep's metric (the evaluations) to Tune."""
+def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run: TrialRun,
+                  on_report: Callable[[dict, Any], None], restore_from: str | None = None,
+                  callbacks: Sequence = ()) -> str | None:
+    """Train ``config`` through Ray Train; every report goes to ``run`` (MLflow), then, without
+    its picture, to ``on_report``. Returns why training failed, or None."""
+    queue: Queue = Queue(actor_options={"num_cpus": 0})
+    trainer = make_trainer(config, name=name, storage_path=storage_path, callbacks=[ForwardReports(queue), *callbacks],
+                           restore_from=restore_from, pictures=True)
+    failure: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as error:  # reported below, in the caller's thread
+            failure.append(error)
+        finally:
+            queue.put(_DONE)
+
+    threading.Thread(target=fit, daemon=True).start()
     while (item := queue.get()) != _DONE:
         metrics, checkpoint = item
         run.log_report(metrics, checkpoint)
         metrics.pop(PICTURE_KEY, None)
-        if metric in metrics:
-            reported = ray.tune.Checkpoint.from_directory(checkpoint.path) if checkpoint else None
-            ray.tune.report(metrics, checkpoint=reported)
+        on_report(metrics, checkpoint)
+    return failure_reason(failure[0]) if failure else None
 
 
 def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) -> TrialRun:

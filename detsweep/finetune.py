@@ -1,0 +1,170 @@
+"""``detsweep finetune``: keep training a sweep's winner (or any checkpoint) on more steps,
+new data or new classes.
+
+The fine-tune's config is the source's as-run config, merged with the given config file and
+``--set`` overrides; ``train.fine_tune`` names the checkpoint, and the workers restore what
+fits from it (:mod:`detsweep.train.warm_start`). That is checked here first, so a checkpoint
+that does not fit fails before anything starts. Training runs through Ray Train like
+``detsweep train``; the MLflow run is nested under the source's sweep and tagged with its source.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from detsweep.config import TrackingConfig, TrialConfig, read_trial_tree, validate
+from detsweep.config.loader import merge_trees, read_yaml_mapping, resolve_data_paths
+from detsweep.errors import DetsweepError, stderr_held_back
+from detsweep.tracking.backend import Backend, check_backend, resolve_backend
+from detsweep.tracking.source import CheckpointSource, fetched, resolve_source
+
+SOURCE_RUN_TAG = "detsweep.source_run_id"
+SOURCE_CHECKPOINT_TAG = "detsweep.source_checkpoint"
+DEFAULT_EXPERIMENT = "finetune"
+
+
+@dataclass(frozen=True)
+class FineTuneRequest:
+    """What the user asked for on the command line."""
+
+    source: str  # best:<experiment> | run:<run_id> | checkpoint:<path>
+    config_path: str | None = None
+    overrides: tuple[str, ...] = ()
+    from_moving_average: bool = False
+    keep_optimizer_state: bool = False
+
+    def fine_tune_section(self, source: CheckpointSource) -> dict[str, Any]:
+        return {"checkpoint": source.location, "from_moving_average": self.from_moving_average,
+                "keep_optimizer_state": self.keep_optimizer_state}
+
+
+def finetune(request: FineTuneRequest, address: str | None = None, storage_path: str | None = None,
+             progress: bool = True) -> dict[str, Any]:
+    """Fine-tune once; returns the ``detsweep finetune --json`` object."""
+    from detsweep.cluster import connect
+    from detsweep.trainables.trainer import ProgressLines, check_data
+    from detsweep.trainables.trial import train_and_log
+    from detsweep.tracking import trial_environment
+
+    backend = backend_for(request)
+    with stderr_held_back():  # an error below is one line, not TensorFlow's start-up or a progress bar
+        source = resolve_source(request.source, backend)
+        config = fine_tune_config(request, source, backend)
+        for line in check_data(config):
+            print(line, file=sys.stderr)
+        plan = check_fit(config, request.config_path or request.source)
+    connect(address, env=trial_environment())
+    name = f"finetune-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = open_finetune_run(config, source, backend, name, plan)
+    print(f"MLflow: fine-tune run {name} at {backend.uri}", file=sys.stderr, flush=True)
+    last: dict[str, Any] = {"metrics": {}, "checkpoint": None}
+
+    def keep_last(metrics: dict, checkpoint) -> None:
+        last["metrics"] = metrics
+        last["checkpoint"] = checkpoint.path if checkpoint else last["checkpoint"]
+
+    callbacks = [ProgressLines(config.train.num_steps)] if progress else []
+    error = train_and_log(config, name, storage_path, run, keep_last, callbacks=callbacks)
+    run.finish(error=error)
+    return {"name": name, "source": source_dict(source), "warm_start": plan_summary(plan),
+            "steps": int(last["metrics"].get("step", 0)), "metrics": last["metrics"], "checkpoint": last["checkpoint"],
+            "error": error, "mlflow": {"tracking_uri": backend.uri, "run_id": run.run_id}}
+
+
+def finetune_sweep(request: FineTuneRequest, sweep_path: str, address: str | None = None,
+                   register: bool = True) -> dict[str, Any]:
+    """A sweep whose every trial starts from the source checkpoint (its base gets ``train.fine_tune``)."""
+    from detsweep.sweeps.launch import launch
+    from detsweep.sweeps.spec import load_sweep
+
+    backend = resolve_backend(load_sweep(sweep_path, request.overrides).base.tracking)
+    with stderr_held_back():
+        source = resolve_source(request.source, backend)
+    section = request.fine_tune_section(source)
+    pinned = [f"base.train.fine_tune.{key}={value}" for key, value in section.items()] + [f"base.tracking.uri={backend.uri}"]
+    sweep = load_sweep(sweep_path, [*request.overrides, *pinned])
+    return launch(sweep, address, register=register, tags=source_tags(source))
+
+
+def backend_for(request: FineTuneRequest) -> Backend:
+    """The tracking server named by the given config (file or ``--set``), else the default one."""
+    tree = read_yaml_mapping(request.config_path) if request.config_path else {}
+    tracking = validate(TrackingConfig, tree.get("tracking") or {}, request.config_path or "--set",
+                        [o.removeprefix("tracking.") for o in request.overrides if o.startswith("tracking.")])
+    backend = resolve_backend(tracking)
+    check_backend(backend)
+    return backend
+
+
+def fine_tune_config(request: FineTuneRequest, source: CheckpointSource, backend: Backend) -> TrialConfig:
+    """The source's as-run config ← the given config file ← ``--set``; ``train.fine_tune`` names the source."""
+    from detsweep.train.checkpoint import CONFIG_FILE
+
+    with fetched(source, backend) as directory:
+        tree = read_yaml_mapping(directory / CONFIG_FILE)
+    if request.config_path:
+        given = read_trial_tree(request.config_path)
+        resolve_data_paths(given, Path(request.config_path).parent)
+        merge_trees(tree, given)
+    tree.setdefault("train", {})["fine_tune"] = request.fine_tune_section(source)
+    tree.setdefault("tracking", {})["uri"] = backend.uri  # the workers download the checkpoint from there
+    return validate(TrialConfig, tree, request.config_path or f"the config of {request.source}", request.overrides)
+
+
+def check_fit(config: TrialConfig, where: str):
+    """Build the model and restore the checkpoint into it here, once, as the workers will
+    (the datasets were verified already: see ``check_data``)."""
+    from detsweep.data import load_dataset
+    from detsweep.train.warm_start import plan_warm_start
+
+    categories = load_dataset(config.data.train, verify=False).categories
+    with stderr_held_back():  # a checkpoint that does not fit: one line, not TensorFlow's start-up
+        plan = plan_warm_start(config, config.model.num_classes or len(categories))
+    if config.train.fine_tune.keep_optimizer_state and plan.step >= config.train.num_steps:
+        raise DetsweepError(f"{where}: train.num_steps: found {config.train.num_steps}, expected more than the "
+                            f"checkpoint's step {plan.step} (keep_optimizer_state goes on from there)")
+    print(f"fine-tune: {len(plan.restored)} weights restored, {len(plan.fresh)} fresh"
+          + (f" ({', '.join(plan.fresh)})" if plan.fresh else "") + f"; training starts at step {plan.step}",
+          file=sys.stderr, flush=True)
+    return plan
+
+
+def open_finetune_run(config: TrialConfig, source: CheckpointSource, backend: Backend, name: str, plan):
+    """A child run of the source's sweep (a run of its own when the source is a folder)."""
+    from mlflow import MlflowClient
+
+    from detsweep.tracking.sweep_run import experiment_id
+    from detsweep.tracking.trial_run import ROLE_TAG, RunLink, TrialRun
+
+    experiment = source.experiment_id or experiment_id(MlflowClient(backend.uri),
+                                                       config.tracking.experiment or DEFAULT_EXPERIMENT, backend)
+    link = RunLink(backend.uri, experiment, source.parent_run_id)
+    tags = source_tags(source) | {ROLE_TAG: "finetune", "detsweep.warm_start.restored": str(len(plan.restored)),
+                                  "detsweep.warm_start.fresh": str(len(plan.fresh))}
+    run = TrialRun(link, name, name, config, {}, "eval/AP_best", "max", tags=tags)
+    run.log_dict(plan.to_dict(), "warm_start.json")
+    return run
+
+
+def source_tags(source: CheckpointSource) -> dict[str, str]:
+    tags = {SOURCE_CHECKPOINT_TAG: source.location}
+    if source.run_id:
+        tags[SOURCE_RUN_TAG] = source.run_id
+    if source.parent_run_id:
+        tags["mlflow.parentRunId"] = source.parent_run_id
+    return tags
+
+
+def source_dict(source: CheckpointSource) -> dict[str, Any]:
+    return {"spec": source.spec, "checkpoint": source.location, "run_id": source.run_id}
+
+
+def plan_summary(plan) -> dict[str, Any]:
+    return {"restored": len(plan.restored), "fresh": plan.fresh, "step": plan.step,
+            "optimizer_restored": plan.optimizer_restored}
+
+

@@ -1,0 +1,107 @@
+"""``detsweep best``: a sweep's trials ranked from MLflow alone, so it works from any machine
+that reaches the tracking server, without Ray's results folder.
+
+An experiment may hold several sweeps (a sweep launched twice keeps its name); their trials
+are ranked together. The metric and its mode default to those of the latest sweep.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from detsweep.errors import DetsweepError
+
+from .backend import Backend
+from .trial_run import BEST_STEP_TAG, ROLE_TAG, TRIAL_TAG
+
+CHECKPOINT_ARTIFACT = "checkpoints/best"
+
+
+@dataclass(frozen=True)
+class RankedTrial:
+    run: Any  # mlflow.entities.Run
+    value: float | None
+    swept: dict[str, Any]
+
+    @property
+    def has_checkpoint(self) -> bool:
+        return BEST_STEP_TAG in self.run.data.tags
+
+    def to_dict(self) -> dict[str, Any]:
+        run = self.run
+        return {
+            "run_id": run.info.run_id,
+            "trial_id": run.data.tags.get(TRIAL_TAG),
+            "status": run.info.status,
+            "value": self.value,
+            "swept": self.swept,
+            "metrics": dict(run.data.metrics),
+            "checkpoint": f"runs:/{run.info.run_id}/{CHECKPOINT_ARTIFACT}" if self.has_checkpoint else None,
+            "checkpoint_step": int(run.data.tags[BEST_STEP_TAG]) if self.has_checkpoint else None,
+        }
+
+
+def find_experiment(client, name: str, backend: Backend):
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None or experiment.lifecycle_stage == "deleted":
+        raise DetsweepError(f"experiment {name!r}: not found at {backend.uri} (expected a sweep's name)")
+    return experiment
+
+
+def sweep_runs(client, experiment_id: str) -> list:
+    """The experiment's sweeps, the latest first."""
+    return client.search_runs([experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'sweep'",
+                              order_by=["attributes.start_time DESC"], max_results=1000)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    experiment: str
+    tracking_uri: str
+    metric: str
+    mode: str
+    parent_run_ids: list[str]
+    trials: list[RankedTrial]  # the best first; trials without the metric last
+
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        """What ``detsweep best --json`` prints."""
+        fields = {k: getattr(self, k) for k in ("experiment", "tracking_uri", "metric", "mode", "parent_run_ids")}
+        return fields | {"trials": [row.to_dict() for row in self.trials[:top]]}
+
+
+def rank_trials(client, name: str, backend: Backend, metric: str | None = None, mode: str | None = None) -> Ranking:
+    """Every trial run of the experiment, ranked by ``metric`` (default: the latest sweep's)."""
+    experiment = find_experiment(client, name, backend)
+    sweeps = sweep_runs(client, experiment.experiment_id)
+    latest = sweeps[0].data.params if sweeps else {}
+    metric = metric or latest.get("search.metric", "eval/AP_best")
+    mode = mode or latest.get("search.mode", "max")
+    swept_paths = {key.removeprefix("space.") for sweep in sweeps for key in sweep.data.params if key.startswith("space.")}
+    trials = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'trial'",
+                                max_results=5000)
+    if not trials:
+        raise DetsweepError(f"experiment {name!r} at {backend.uri}: no trial runs (has a sweep of it run yet?)")
+    ranked = [RankedTrial(run, _value(run, metric), _swept(run, swept_paths)) for run in trials]
+    sign = -1.0 if mode == "max" else 1.0
+    ranked.sort(key=lambda row: (row.value is None, sign * row.value if row.value is not None else 0.0))
+    return Ranking(name, backend.uri, metric, mode, [sweep.info.run_id for sweep in sweeps], ranked)
+
+
+def _value(run, metric: str) -> float | None:
+    value = run.data.metrics.get(metric)
+    return None if value is None or math.isnan(value) else value
+
+
+def _swept(run, paths: set[str]) -> dict[str, Any]:
+    """The swept values: PBT's latest (``hparams/*`` metrics) where they changed, else the params."""
+    values = {}
+    for path in sorted(paths):
+        if f"hparams/{path}" in run.data.metrics:
+            values[path] = run.data.metrics[f"hparams/{path}"]
+        elif path in run.data.params:
+            values[path] = run.data.params[path]
+    return values
+
+

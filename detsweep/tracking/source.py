@@ -1,0 +1,102 @@
+"""Where a fine-tune, an export or a prediction starts: ``--from`` names a checkpoint.
+
+- ``best:<experiment>``: the best trial's best checkpoint, ranked by the sweep's own metric;
+- ``run:<run_id>``: a trial's (or a fine-tune's) best checkpoint in MLflow;
+- ``checkpoint:<path>``: a detsweep checkpoint directory (a Ray results folder, say).
+
+MLflow checkpoints are named by their artifact URI (``runs:/<run_id>/checkpoints/best``),
+which every node of a cluster can download; a copy is fetched here only to read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from detsweep.errors import DetsweepError
+
+from .backend import Backend, check_readable
+from .best import CHECKPOINT_ARTIFACT, rank_trials
+from .trial_run import BEST_STEP_TAG, PARENT_TAG
+
+KINDS = ("best:", "run:", "checkpoint:")
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    spec: str  # what the user wrote
+    location: str  # a local directory, or runs:/<run_id>/checkpoints/best
+    run_id: str | None = None  # the MLflow run it comes from
+    parent_run_id: str | None = None  # that run's sweep
+    experiment_id: str | None = None
+
+    @property
+    def in_mlflow(self) -> bool:
+        return self.run_id is not None
+
+
+def resolve_source(spec: str, backend: Backend) -> CheckpointSource:
+    """Check what ``spec`` names and that it holds a checkpoint; downloads nothing."""
+    kind, _, value = spec.partition(":")
+    if f"{kind}:" not in KINDS or not value:
+        raise DetsweepError(f"--from: found {spec!r}, expected best:<experiment>, run:<run_id> or checkpoint:<path>")
+    if kind == "checkpoint":
+        return local_source(spec, Path(value))
+    check_readable(backend)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(backend.uri)
+    run = best_run(client, value, backend) if kind == "best" else get_run(client, value, backend)
+    if BEST_STEP_TAG not in run.data.tags:
+        raise DetsweepError(f"--from {spec}: run {run.info.run_id} has no checkpoint in MLflow "
+                            f"(expected the artifact {CHECKPOINT_ARTIFACT}; did it reach an evaluation?)")
+    return CheckpointSource(spec, f"runs:/{run.info.run_id}/{CHECKPOINT_ARTIFACT}", run.info.run_id,
+                            run.data.tags.get(PARENT_TAG), run.info.experiment_id)
+
+
+def local_source(spec: str, directory: Path) -> CheckpointSource:
+    from detsweep.train.checkpoint import CONFIG_FILE, PREFIX
+
+    if not (directory / CONFIG_FILE).is_file() or not (directory / f"{PREFIX}.index").is_file():
+        raise DetsweepError(f"--from {spec}: {directory} is not a detsweep checkpoint "
+                            f"(expected {CONFIG_FILE} and {PREFIX}.index in it)")
+    return CheckpointSource(spec, str(directory.resolve()))
+
+
+def get_run(client, run_id: str, backend: Backend):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise DetsweepError(f"--from run:{run_id}: no such run at {backend.uri}") from None
+
+
+def best_run(client, experiment: str, backend: Backend):
+    ranked = [row for row in rank_trials(client, experiment, backend).trials if row.has_checkpoint]
+    if not ranked:
+        raise DetsweepError(f"--from best:{experiment}: no trial of the experiment at {backend.uri} "
+                            "has a checkpoint in MLflow")
+    return ranked[0].run
+
+
+@contextlib.contextmanager
+def fetched(source: CheckpointSource, backend: Backend) -> Iterator[Path]:
+    """A local directory holding the source's checkpoint, for the duration of the block."""
+    if not source.in_mlflow:
+        yield Path(source.location)
+        return
+    with tempfile.TemporaryDirectory(prefix="detsweep-source-") as scratch:
+        yield download(source.location, backend.uri, Path(scratch))
+
+
+def download(location: str, tracking_uri: str, destination: Path) -> Path:
+    """``location`` (a path, or an MLflow artifact URI) as a local directory."""
+    if not location.startswith("runs:/"):
+        return Path(location)
+    from mlflow.artifacts import download_artifacts
+
+    return Path(download_artifacts(artifact_uri=location, dst_path=str(destination), tracking_uri=tracking_uri))

@@ -1,0 +1,238 @@
+"""``detsweep export`` and ``detsweep predict`` on a real checkpoint, trained here once: the
+SavedModel and the TFLite model detect what the checkpoint detects, and score the AP that
+training's evaluation scores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from detsweep.config import load_trial_config
+from detsweep.data import DetectionSet, Example, load_dataset
+from detsweep.data.pipeline import InputSpec
+from detsweep.errors import DetsweepError
+from detsweep.evaluation import evaluate_detections
+from detsweep.evaluation.pictures import read_image
+from detsweep.export.commands import add_export_commands
+from detsweep.export.saved_model import SIGNATURE, export_saved_model
+from detsweep.models.detector import Detector
+from detsweep.train.checkpoint import CONFIG_FILE
+from detsweep.train.evaluate import Evaluator
+from detsweep.train.loop import run_training
+from detsweep.train.restore import load_trained_model
+
+from .conftest import RACCOON, REPO
+
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+# Long enough for an AP well above zero (AP50 0.1 to 0.3 over runs), so that comparing APs means
+# something; about 90 s on two idle cores.
+STEPS = 120
+TRAINING = [
+    f"train.num_steps={STEPS}", f"train.steps_per_loop={STEPS // 3}", f"train.eval_every={STEPS}",
+    f"train.checkpoint_every={STEPS}", f"optimizer.learning_rate.total_steps={STEPS}",
+    "optimizer.learning_rate.warmup_steps=5", "data.train.num_images=64", "data.val.num_images=16",
+    "scaling.cpus_per_worker=2",
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    kept = tmp_path_factory.mktemp("training") / "checkpoint"
+
+    def keep(metrics: dict, directory: Path | None) -> None:
+        if directory is not None:  # it exists only during the call
+            shutil.copytree(directory, kept)
+
+    run_training(load_trial_config(QUICKSTART, TRAINING), keep)
+    return kept
+
+
+@pytest.fixture(scope="module")
+def evaluation(checkpoint) -> tuple[DetectionSet, dict[str, list[dict]]]:
+    """The val set, and what training's evaluation detects on it: ``eval`` with the trained
+    weights, ``eval_ema`` with their moving average (COCO results)."""
+    trained = load_trained_model(checkpoint)
+    val_set = load_dataset(trained.config.data.val)
+    evaluator = Evaluator(trained.model, val_set, InputSpec(trained.config.model.image_size), batch_size=8)
+    detections = {"eval": evaluator.detect_all()}
+    with trained.moving_average.averaged_weights():
+        detections["eval_ema"] = evaluator.detect_all()
+    return val_set, detections
+
+
+@pytest.fixture(scope="module")
+def saved_model(checkpoint, tmp_path_factory) -> Path:
+    return export_saved_model(checkpoint, tmp_path_factory.mktemp("export") / "saved_model")
+
+
+@pytest.fixture(scope="module")
+def raw_saved_model(checkpoint, tmp_path_factory) -> Path:
+    return export_saved_model(checkpoint, tmp_path_factory.mktemp("export") / "raw", use_average=False)
+
+
+def detsweep(*argv: str) -> int:
+    """The export commands as ``detsweep`` parses and runs them."""
+    parser = argparse.ArgumentParser(prog="detsweep")
+    add_export_commands(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    return args.command(args)
+
+
+def serving(directory: Path):
+    """The SavedModel's signature as a function of uint8 images to arrays."""
+    loaded = tf.saved_model.load(str(directory))
+
+    def serve(images: np.ndarray) -> dict[str, np.ndarray]:
+        outputs = loaded.signatures[SIGNATURE](images=tf.constant(images))
+        return {key: value.numpy() for key, value in outputs.items()}
+
+    return serve
+
+
+def assert_same_detections(found: dict, expected: dict, atol: float) -> None:
+    """The same detections of each image, within ``atol``, in the same order but for boxes whose
+    scores tie within float noise (their order follows the noise)."""
+    np.testing.assert_array_equal(found["num_detections"], expected["num_detections"])
+    for i, count in enumerate(found["num_detections"]):
+        ours, theirs = (detection_rows(outputs, i, count) for outputs in (found, expected))
+        np.testing.assert_allclose(ours[:, 1], theirs[:, 1], atol=atol)  # the scores, in order
+        assert all(np.isclose(theirs, row, atol=atol).all(axis=1).any() for row in ours)
+
+
+def detection_rows(outputs: dict, index: int, count: int) -> np.ndarray:
+    """``[class, score, ymin, xmin, ymax, xmax]`` per detection of one image."""
+    return np.column_stack([outputs["detection_classes"][index, :count], outputs["detection_scores"][index, :count],
+                            outputs["detection_boxes"][index, :count]])
+
+
+def val_images(checkpoint: Path, count: int, size: tuple[int, int]) -> np.ndarray:
+    """The first ``count`` val images of the checkpoint's config, resized to ``size`` (height, width)."""
+    val_set = load_dataset(load_trial_config(checkpoint / CONFIG_FILE).data.val)
+    return np.stack([np.asarray(Image.fromarray(read_image(example)).resize(size[::-1]))
+                     for example in val_set.examples[:count]])
+
+
+def test_the_saved_model_detects_what_the_checkpoint_detects_at_any_image_size(checkpoint, saved_model):
+    detector, serve = Detector.from_checkpoint(str(checkpoint)), serving(saved_model)
+    for images in (val_images(checkpoint, 2, (90, 70)), val_images(checkpoint, 1, (128, 200))):
+        served, expected = serve(images), detector.detect(images)
+        assert served["detection_boxes"].dtype == np.float32 and served["detection_classes"].dtype == np.int64
+        assert served["num_detections"].shape == (len(images),) and served["num_detections"].min() > 0
+        assert_same_detections(served, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("weights, prefix", [("saved_model", "eval_ema"), ("raw_saved_model", "eval")])
+def test_the_saved_model_scores_the_ap_that_trainings_evaluation_scores(request, evaluation, weights, prefix):
+    directory = request.getfixturevalue(weights)
+    assert json.loads((directory / "detsweep.json").read_text())["moving_average"] == (prefix == "eval_ema")
+    val_set, training_detections = evaluation
+    serve = serving(directory)
+    exported = [d for example in val_set.examples for d in coco_detections(serve(read_image(example)[None]), example)]
+    expected = evaluate_detections(val_set.to_coco(), training_detections[prefix])
+    assert expected["AP50"] > 0.05  # trained enough for the comparison to mean something
+    scored = evaluate_detections(val_set.to_coco(), exported)
+    for metric in ("AP", "AP50"):
+        assert scored[metric] == pytest.approx(expected[metric], abs=0.005), metric
+
+
+def coco_detections(outputs: dict[str, np.ndarray], example: Example) -> list[dict]:
+    """One image's serving outputs as COCO results (pixels, xywh)."""
+    count = outputs["num_detections"][0]
+    pixels = np.array([example.height, example.width] * 2, np.float32)
+    found = zip(outputs["detection_boxes"][0, :count] * pixels, outputs["detection_classes"][0, :count],
+                outputs["detection_scores"][0, :count])
+    return [{"image_id": example.image_id, "category_id": int(category),
+             "bbox": [float(xmin), float(ymin), float(xmax - xmin), float(ymax - ymin)], "score": float(score)}
+            for (ymin, xmin, ymax, xmax), category, score in found if xmax > xmin and ymax > ymin]
+
+
+def test_the_tflite_model_runs_in_the_interpreter_and_detects_what_the_saved_model_detects(
+        checkpoint, saved_model, tmp_path, capsys):
+    out = tmp_path / "tflite"
+    source = f"checkpoint:{checkpoint}"
+    assert detsweep("export", "--from", source, "--format", "tflite", "--out", str(out), "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == {"format": "tflite", "path": str(out), "source": source, "run_id": None, "moving_average": True}
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "detsweep.json", "model.tflite"]
+    image = val_images(checkpoint, 1, (90, 70))
+    runner = tf.lite.Interpreter(model_path=str(out / "model.tflite")).get_signature_runner(SIGNATURE)
+    found = runner(images=image)  # the runner resizes the input tensor to the image
+    assert_same_detections(found, serving(saved_model)(image), atol=1e-3)
+
+
+def test_predict_draws_every_image_and_prints_json(checkpoint, saved_model, tmp_path, capsys):
+    grayscale = next(path for path in sorted((RACCOON / "images").glob("*.jpg")) if Image.open(path).mode == "L")
+    shapes = tmp_path / "shapes.png"  # what the model learnt to find
+    Image.fromarray(val_images(checkpoint, 1, (96, 128))[0]).save(shapes)
+    images = [RACCOON / "images" / "raccoon-1.jpg", grayscale, shapes]
+    out = tmp_path / "pictures"
+    assert detsweep("predict", "--model", str(saved_model), *map(str, images), "--out", str(out), "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [image["path"] for image in report["images"]] == [str(p) for p in images]
+    assert report["images"][-1]["detections"]
+    names = {c["id"]: c["name"] for c in json.loads((saved_model / "detsweep.json").read_text())["categories"]}
+    for detection in (d for image in report["images"] for d in image["detections"]):
+        assert detection["class_name"] == names[detection["class_id"]]
+        assert detection["score"] >= 0.3 and all(0.0 <= v <= 1.0 for v in detection["box"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{p.stem}.png" for p in images)
+    for image in images:
+        with Image.open(out / f"{image.stem}.png") as picture:
+            assert picture.format == "PNG"
+
+
+def test_an_export_from_an_mlflow_run_is_logged_to_that_run(checkpoint, tmp_path, monkeypatch, capsys):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("export", artifact_location=(tmp_path / "mlartifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    client.log_artifacts(run_id, str(checkpoint), "checkpoints/best")
+    client.set_tag(run_id, "detsweep.checkpoint.best_step", str(STEPS))
+
+    out = tmp_path / "export"
+    assert detsweep("export", "--from", f"run:{run_id}", "--no-ema", "--out", str(out), "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["run_id"] == run_id and report["moving_average"] is False
+    logged = {Path(a.path).name for a in client.list_artifacts(run_id, "export/saved_model")}
+    assert {"saved_model.pb", "variables", "detsweep.json", "config.yaml"} <= logged
+
+
+def test_export_refuses_a_folder_that_is_not_empty(checkpoint, tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(DetsweepError) as error:
+        detsweep("export", "--from", f"checkpoint:{checkpoint}", "--out", str(out))
+    assert str(error.value) == f"{out}: already exists and is not an empty folder; expected a new or empty folder"
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"] and [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_export_names_a_checkpoint_that_is_not_there(tmp_path):
+    with pytest.raises(DetsweepError) as error:
+        detsweep("export", "--from", "checkpoint:/nonexistent", "--out", str(tmp_path / "out"))
+    assert "/nonexistent is not a detsweep checkpoint" in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_predict_names_a_missing_image_before_loading_the_model(saved_model, tmp_path):
+    missing = tmp_path / "missing.jpg"
+    with pytest.raises(DetsweepError) as error:
+        detsweep("predict", "--model", str(saved_model), str(RACCOON / "images" / "raccoon-1.jpg"), str(missing),
+                 "--out", str(tmp_path / "pictures"))
+    assert str(error.value) == f"{missing}: image not found"
+    assert not (tmp_path / "pictures").exists()
+
+
+def test_predict_refuses_a_folder_that_holds_no_exported_model(tmp_path):
+    with pytest.raises(DetsweepError) as error:
+        detsweep("predict", "--model", str(tmp_path), str(RACCOON / "images" / "raccoon-1.jpg"))
+    assert str(error.value).startswith(f"{tmp_path}: not a SavedModel from detsweep export")

@@ -1,0 +1,194 @@
+"""After a sweep: ``detsweep best`` reads the winner from MLflow, ``detsweep finetune`` keeps
+training it (one run, or a sweep of fine-tuning runs) with new classes or more steps.
+
+One real sweep (one trial, long enough to detect something) is the source of every test here;
+each fine-tune is a real Ray Train run that downloads the checkpoint from MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import run_cli
+from .mlflow_checks import free_port
+from .test_sweep_runs import launch_json, tiny_sweep
+
+CLASS_LOGITS = {"classification_head/logits_layer/kernel", "classification_head/logits_layer/bias"}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> tuple[Path, dict]:
+    """A finished one-trial sweep named ``source`` with its MLflow runs in ``folder/mlflow.db``."""
+    folder = tmp_path_factory.mktemp("finetune")
+    sweep = tiny_sweep(folder, """
+  metric: eval/AP_best
+  mode: max
+  algorithm: grid
+  num_samples: 1
+  space:
+    optimizer.learning_rate.learning_rate_base: {grid: [0.04]}
+""", num_steps=150, every=50, name="source", data="{train: {num_images: 64}, val: {num_images: 32}}")
+    result, report = launch_json(str(sweep), "--no-register", cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder, report
+
+
+def finetune_json(folder: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    result = run_cli("finetune", *args, "--storage", str(folder / "ray"), "--json", cwd=folder)
+    return result, json.loads(result.stdout) if result.returncode in (0, 1) and result.stdout.strip() else None
+
+
+def trainable_weights(checkpoint: Path, use_average: bool = False) -> dict[str, np.ndarray]:
+    from detsweep.train.restore import load_trained_model
+
+    trained = load_trained_model(checkpoint)
+    if use_average:
+        trained.moving_average.swap()
+    return {w.path: w.numpy() for w in trained.model.trainable_weights}
+
+
+def downloaded(uri: str, tracking_uri: str, into: Path) -> Path:
+    from mlflow.artifacts import download_artifacts
+
+    return Path(download_artifacts(artifact_uri=uri, dst_path=str(into), tracking_uri=tracking_uri))
+
+
+def test_best_ranks_the_trials_from_mlflow_alone(swept):
+    folder, report = swept
+    shown = run_cli("best", "source", "--json", cwd=folder)
+    assert shown.returncode == 0, shown.stderr
+    ranking = json.loads(shown.stdout)
+    assert ranking["metric"] == "eval/AP_best" and ranking["mode"] == "max"
+    assert ranking["parent_run_ids"] == [report["mlflow"]["parent_run_id"]]
+    [trial] = ranking["trials"]
+    assert trial["run_id"] == report["best"]["mlflow_run_id"] and trial["trial_id"] == report["best"]["trial_id"]
+    assert trial["value"] == pytest.approx(report["best"]["metrics"]["eval/AP_best"])
+    assert trial["swept"] == {"optimizer.learning_rate.learning_rate_base": 0.04}
+    assert trial["checkpoint"] == f"runs:/{trial['run_id']}/checkpoints/best" and trial["checkpoint_step"] == 150
+    table = run_cli("best", str(folder / "source.yaml"), cwd=folder)  # by sweep file, as a table
+    assert table.returncode == 0 and trial["run_id"] in table.stdout and "checkpoint: runs:/" in table.stdout
+
+
+def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(swept, tmp_path):
+    """The user story: the sweep's winner, trained on. Its optimizer state and step are kept,
+    the schedule is stretched to the new end; the run is nested under the source's sweep."""
+    folder, report = swept
+    before = report["best"]["metrics"]["eval/AP_best"]
+    result, out = finetune_json(folder, "--from", "best:source", "--keep-optimizer-state",
+                                "--set", "train.num_steps=200", "--set", "optimizer.learning_rate.total_steps=200")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert out["warm_start"]["fresh"] == [] and out["warm_start"]["step"] == 150 and out["warm_start"]["optimizer_restored"] > 0
+    assert out["steps"] == 200 and out["source"]["run_id"] == report["best"]["mlflow_run_id"]
+    assert "fine-tune: " in result.stderr and "weights restored, 0 fresh; training starts at step 150" in result.stderr
+    assert before > 0.05, before  # the source detects something, so the comparison means something
+    # 50 more steps on the same trajectory; 0.01 is the noise of COCO AP on 32 val images
+    assert out["metrics"]["eval/AP_best"] >= before - 0.01, (out["metrics"], before)
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(out["mlflow"]["tracking_uri"])
+    run = client.get_run(out["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["detsweep.role"] == "finetune"
+    assert run.data.tags["mlflow.parentRunId"] == report["mlflow"]["parent_run_id"]  # nested under the source's sweep
+    assert run.data.tags["detsweep.source_run_id"] == report["best"]["mlflow_run_id"]
+    assert run.data.params["train.fine_tune.checkpoint"] == out["source"]["checkpoint"]
+    assert run.data.params["train.fine_tune.keep_optimizer_state"] == "true"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [200]
+    plan = json.loads(Path(client.download_artifacts(run.info.run_id, "warm_start.json", str(tmp_path))).read_text())
+    assert plan["fresh"] == [] and "conv1_conv/kernel" in plan["restored"]
+    assert {"checkpoints", "config.yaml", "warm_start.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    ranked = json.loads(run_cli("best", "source", "--json", cwd=folder).stdout)
+    assert [t["run_id"] for t in ranked["trials"]] == [report["best"]["mlflow_run_id"]]  # fine-tunes are not trials
+
+    # and shipped: the export of a checkpoint from MLflow is logged back to its run
+    exported = run_cli("export", "--from", f"run:{run.info.run_id}", "--out", str(tmp_path / "export"), "--json", cwd=folder)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert json.loads(exported.stdout)["run_id"] == run.info.run_id and (tmp_path / "export" / "saved_model.pb").is_file()
+    assert "export/saved_model/saved_model.pb" in {a.path for a in client.list_artifacts(run.info.run_id, "export/saved_model")}
+
+
+def test_a_fine_tuning_sweep_with_new_classes_restores_all_but_the_class_logits(swept):
+    folder, report = swept
+    # A learning rate of 0 keeps every trainable weight where the restore put it.
+    sweep = tiny_sweep(folder, """
+  metric: eval/AP_best
+  mode: max
+  algorithm: grid
+  num_samples: 1
+  space:
+    optimizer.learning_rate.learning_rate: {grid: [0.0]}
+""", num_steps=10, every=10, name="tuned", data="{train: {num_images: 16}, val: {num_images: 8}}")
+    result = run_cli("finetune", "--sweep", str(sweep), "--from", "best:source", "--from-ema", "--no-register", "--json",
+                     "--set", "base.model.num_classes=5", "--set", "base.optimizer.learning_rate.type=constant", cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "weights restored, 2 fresh (classification_head/logits_layer/kernel, classification_head/logits_layer/bias)" \
+        in result.stderr
+    out = json.loads(result.stdout)
+    [trial] = out["trials"]
+    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 10
+
+    tuned = trainable_weights(Path(trial["checkpoint"]))
+    with tempfile.TemporaryDirectory() as scratch:
+        source = downloaded(f"runs:/{report['best']['mlflow_run_id']}/checkpoints/best", out["mlflow"]["tracking_uri"],
+                            Path(scratch))
+        averaged = trainable_weights(source, use_average=True)
+    assert set(tuned) == set(averaged)
+    for name in set(tuned) - CLASS_LOGITS:  # --from-ema: the source's averaged weights
+        np.testing.assert_array_equal(tuned[name], averaged[name], err_msg=name)
+    kernel = "classification_head/logits_layer/kernel"
+    assert tuned[kernel].shape[-1] == 9 * 5 and averaged[kernel].shape[-1] == 9 * 3
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(out["mlflow"]["tracking_uri"])
+    parent = client.get_run(out["mlflow"]["parent_run_id"])
+    assert parent.data.tags["detsweep.source_run_id"] == report["best"]["mlflow_run_id"]
+    child = client.get_run(trial["mlflow_run_id"])
+    assert child.data.params["train.fine_tune.checkpoint"] == f"runs:/{report['best']['mlflow_run_id']}/checkpoints/best"
+    assert child.data.params["train.fine_tune.from_moving_average"] == "true" and child.data.params["model.num_classes"] == "5"
+
+
+def test_what_cannot_be_fine_tuned_is_refused_in_one_line(swept, tmp_path):
+    folder, report = swept
+    from mlflow import MlflowClient
+
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
+    runs_before = len(client.search_runs([report["mlflow"]["experiment_id"]]))
+
+    def refused(*args: str, env: dict | None = None, cwd: Path = folder) -> str:
+        result = run_cli(*args, cwd=cwd, env=env)
+        assert result.returncode == 2, (result.stdout, result.stderr[-2000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("detsweep: error: ") and "Traceback" not in result.stderr
+        return lines[0]
+
+    assert "no trial runs" in refused("best", "empty", cwd=_with_empty_experiment(folder))
+    sweep_run = report["mlflow"]["parent_run_id"]  # the sweep's own run holds no checkpoint
+    assert f"run {sweep_run} has no checkpoint in MLflow" in refused("finetune", "--from", f"run:{sweep_run}")
+    assert "no such run" in refused("finetune", "--from", "run:0123456789abcdef")
+    down = f"http://127.0.0.1:{free_port()}"
+    assert f"no MLflow server answers at {down}" in refused("best", "source", env={"MLFLOW_TRACKING_URI": down})
+    assert "image encoder (resnet_tiny) does not fit this model's (resnet18)" in refused(
+        "finetune", "--from", "best:source", "--set", "model.backbone=resnet18")
+    assert "is not a detsweep checkpoint" in refused("finetune", "--from", f"checkpoint:{tmp_path}")
+    assert len(client.search_runs([report["mlflow"]["experiment_id"]])) == runs_before  # nothing started
+
+
+def _with_empty_experiment(folder: Path) -> Path:
+    """A copy of the sweep's database with one more experiment, which holds no runs."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    copy = folder / "empty"
+    copy.mkdir(exist_ok=True)
+    shutil.copy(folder / "mlflow.db", copy / "mlflow.db")
+    MlflowClient(f"sqlite:///{copy / 'mlflow.db'}").create_experiment("empty")
+    return copy
+
