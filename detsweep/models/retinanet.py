@@ -69,6 +69,8 @@ class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
     """
 
     def call(self, box_prediction, class_prediction, images=None):
+        # float32 whatever the policy: under mixed_float16 Keras hands a layer float16 inputs
+        box_prediction, class_prediction = tf.cast(box_prediction, tf.float32), tf.cast(class_prediction, tf.float32)
         scores = ops.sigmoid(class_prediction) if self.from_logits else class_prediction
         confidence = ops.max(scores, axis=-1)
         kept, count = tf.image.non_max_suppression_padded(
