@@ -86,17 +86,17 @@ def best_run(client, experiment: str, backend: Backend):
 @contextlib.contextmanager
 def fetched(source: CheckpointSource, backend: Backend) -> Iterator[Path]:
     """A local directory holding the source's checkpoint, for the duration of the block."""
-    if not source.in_mlflow:
-        yield Path(source.location)
-        return
-    with tempfile.TemporaryDirectory(prefix="detsweep-source-") as scratch:
-        yield download(source.location, backend.uri, Path(scratch))
+    with local_copy(source.location, backend.uri) as directory:
+        yield directory
 
 
-def download(location: str, tracking_uri: str, destination: Path) -> Path:
-    """``location`` (a path, or an MLflow artifact URI) as a local directory."""
+@contextlib.contextmanager
+def local_copy(location: str, tracking_uri: str) -> Iterator[Path]:
+    """``location`` (a folder, or an MLflow artifact URI) as a local folder, for the block."""
     if not location.startswith("runs:/"):
-        return Path(location)
+        yield Path(location)
+        return
     from mlflow.artifacts import download_artifacts
 
-    return Path(download_artifacts(artifact_uri=location, dst_path=str(destination), tracking_uri=tracking_uri))
+    with tempfile.TemporaryDirectory(prefix="detsweep-checkpoint-") as scratch:
+        yield Path(download_artifacts(artifact_uri=location, dst_path=scratch, tracking_uri=tracking_uri))

@@ -13,16 +13,13 @@ keras-hub names its layers, so the names are the same in every build of an archi
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-from detsweep.config import TrackingConfig, TrialConfig, validate
+from detsweep.config import TrialConfig, validate
 from detsweep.config.loader import read_yaml_mapping
 from detsweep.errors import DetsweepError
 
@@ -57,7 +54,10 @@ class Source:
 def restore_what_fits(state: TrainingState, config: TrialConfig) -> WarmStart:
     """Fill ``state`` from ``train.fine_tune.checkpoint`` as far as it fits (see the module's doc)."""
     fine_tune = config.train.fine_tune
-    with local_checkpoint(fine_tune.checkpoint, config.tracking) as directory:
+    from detsweep.tracking.backend import resolve_backend
+    from detsweep.tracking.source import local_copy
+
+    with local_copy(fine_tune.checkpoint, resolve_backend(config.tracking).uri) as directory:
         source = read_source(directory, fine_tune.from_moving_average)
     model_weights = {weight.path: weight for weight in state.model.weights}
     restored, fresh = match(source.weights, model_weights)
@@ -141,16 +141,3 @@ def read_source(directory: Path, from_moving_average: bool) -> Source:
 
 def _unprefixed(path: str) -> str:
     return path.split("/", 1)[-1]
-
-
-@contextlib.contextmanager
-def local_checkpoint(location: str, tracking: TrackingConfig) -> Iterator[Path]:
-    """``location`` as a local folder: itself, or a download of its MLflow artifact URI."""
-    if not location.startswith("runs:/"):
-        yield Path(location)
-        return
-    from detsweep.tracking.backend import resolve_backend
-    from detsweep.tracking.source import download
-
-    with tempfile.TemporaryDirectory(prefix="detsweep-finetune-") as scratch:
-        yield download(location, resolve_backend(tracking).uri, Path(scratch))
