@@ -57,6 +57,26 @@ def test_set_reaches_space_entries_whose_keys_are_dotted_paths(write):
     assert space["optimizer.type"].values == ["adam", "momentum"]
 
 
+def test_the_scheduler_is_the_ray_tune_object_the_file_describes(write):
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from detsweep.sweeps.tuner import scheduler
+
+    path = sweep_file(write, """
+  scheduler:
+    type: pbt
+    perturbation_interval: 7
+    quantile_fraction: 0.5
+    synch: true
+    mutations:
+      optimizer.moving_average_decay: {values: [0.99, 0.999]}
+""")
+    pbt = scheduler(load_sweep(path))
+    assert isinstance(pbt, PopulationBasedTraining)
+    assert (pbt._synch, pbt._perturbation_interval, pbt._quantile_fraction, pbt._time_attr) == (True, 7, 0.5, "step")
+    assert pbt._hyperparam_mutations == {"trial": {"optimizer": {"moving_average_decay": [0.99, 0.999]}}}
+
+
 @pytest.mark.parametrize("search, expected", [
     ("  space:\n    optimizer.lerning_rate.learning_rate_base: {values: [0.1]}\n",
      "'lerning_rate' is not a field of the trial config"),

@@ -37,6 +37,7 @@ class SchedulerSpec(Section):
     max_t: int | None = Field(None, gt=0, description="ASHA: steps of the longest trial (default base.train.num_steps)")
     perturbation_interval: int = Field(100, gt=0, description="PBT: training steps between exploit/explore")
     quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="PBT: the bottom fraction copies the top one")
+    synch: bool = Field(False, description="PBT: trials wait for each other at every perturbation (Ray Tune's synch)")
     mutations: dict[str, Parameter] = Field(default_factory=dict, description="PBT: dotted path → values or a distribution")
 
 

@@ -69,7 +69,7 @@ def scheduler(sweep: Sweep):
             set_path(mutations, f"trial.{dotted}", parameter.values if parameter.values else parameter.domain())
         return tune.schedulers.PopulationBasedTraining(
             time_attr="step", perturbation_interval=spec.perturbation_interval, quantile_fraction=spec.quantile_fraction,
-            hyperparam_mutations=mutations, synch=False,
+            hyperparam_mutations=mutations, synch=spec.synch,
         )
     return tune.schedulers.FIFOScheduler()
 
