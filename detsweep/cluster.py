@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import logging
 import os
 
 from detsweep.errors import DetsweepError
+
+
+# TensorFlow's CPU kernels allocate and free large buffers at every step; glibc's malloc hands
+# them back to the kernel and faults them in again. tcmalloc keeps them: the quickstart trains
+# 3-6 % faster with it, and more than twice as fast where TensorFlow copies tensors at every
+# step (bench/RESULTS.md).
+TCMALLOC = "libtcmalloc_minimal.so.4"
+
+
+def fast_allocator() -> dict[str, str]:
+    """``LD_PRELOAD`` of tcmalloc for Ray's worker processes, by its soname, so that every node
+    finds its own copy (Debian/Ubuntu: ``apt-get install libtcmalloc-minimal4``); nothing when
+    this machine lacks it or the user preloads something already."""
+    if "LD_PRELOAD" in os.environ or not ctypes.util.find_library("tcmalloc_minimal"):
+        return {}
+    # tcmalloc reports every allocation above 1 GiB on stderr; a large batch makes many.
+    return {"LD_PRELOAD": TCMALLOC, "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40)}
 
 
 def connect(address: str | None = None, env: dict[str, str] | None = None) -> None:
@@ -20,7 +38,8 @@ def connect(address: str | None = None, env: dict[str, str] | None = None) -> No
     env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800"),
            # Ray Train routes every print in a worker through its logger, past redirect_stdout:
            # pycocotools' progress would fill the console at every evaluation.
-           "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0"), **(env or {})}
+           "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0"),
+           **fast_allocator(), **(env or {})}
     try:
         ray.init(address=address, logging_level=logging.WARNING, configure_logging=True,
                  runtime_env={"env_vars": env})

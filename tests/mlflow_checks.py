@@ -49,6 +49,12 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
                 assert float(run.data.params[path]) == pytest.approx(value)
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
         assert steps == sorted(set(steps)), steps  # increasing, none twice
+        if steps:  # every start of the trial says where its start-up time went, across its processes
+            started = client.get_metric_history(run.info.run_id, "startup/total_s")
+            assert started and min(m.step for m in started) == steps[0], (started, steps)
+            phases = {key for key in run.data.metrics if key.startswith("startup/")}
+            assert {"startup/mlflow_s", "startup/trainer_s", "startup/workers_s", "startup/imports_s",
+                    "startup/first_loop_s"} <= phases, phases
         if not pbt:
             assert steps == list(range(every, every * len(steps) + 1, every)), steps
         if trial["status"] == "TERMINATED":

@@ -98,8 +98,13 @@ def checkpoint_dir(tmp_path: Path, step: int) -> Path:
 
 
 def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_path):
+    import base64
+
     import ray.train
     from mlflow import MlflowClient
+
+    from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
+    from detsweep.optim.report import schedule_png
 
     from detsweep.sweeps.experiment import as_run
     from detsweep.sweeps.spec import load_sweep
@@ -115,7 +120,8 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     first = trial()
     server_busy = threading.Event()
     first.writer.submit("a slow server", server_busy.wait)
-    first.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2},
+    schedule = base64.b64encode(schedule_png(sweep.base)).decode("ascii")  # a first report's, drawn by the worker
+    first.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2, SCHEDULE_PICTURE_KEY: schedule},
                      ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 10))))
     shutil.rmtree(tmp_path / "checkpoint_10")  # Ray Train drops it (num_to_keep) before the writer gets there
     server_busy.set()
@@ -143,6 +149,7 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     assert json.loads((best / "meta.json").read_text())["step"] == 10
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "learning_rate.png", "error.txt", "checkpoints"} <= names
+    assert not [name for name in client.get_run(run.info.run_id).data.metrics if name.startswith("_picture")]
     assert (tmp_path / "mlartifacts" / "quickstart").is_dir()
 
 

@@ -61,6 +61,12 @@ def test_loss_goes_down_and_every_loop_is_reported(tmp_path):
     best = recorder.reports[-1]
     assert best["eval/AP_best"] == max(best["eval/AP"], best["eval_ema/AP"])
     assert [p.name for p in recorder.checkpoints] == ["step_10", "step_20", "step_30"]
+    # The first report says where the start-up time went; no later one repeats it.
+    startup = {key: value for key, value in recorder.reports[0].items() if key.startswith("startup/")}
+    assert set(startup) == {f"startup/{phase}_s" for phase in ("strategy", "data", "model", "first_loop", "total")}
+    assert min(startup.values()) >= 0 and startup["startup/first_loop_s"] > 0
+    assert startup["startup/total_s"] == pytest.approx(sum(startup.values()) - startup["startup/total_s"])
+    assert not [key for report in recorder.reports[1:] for key in report if key.startswith("startup/")]
 
 
 def test_restart_from_a_checkpoint_continues_at_its_step_with_its_optimizer_state(tmp_path):
@@ -168,6 +174,9 @@ def test_detsweep_train_through_ray_train(tmp_path, workers):
     assert [step for step, _ in progress] == [10, 20, 30]
     assert progress[-1][1] < 0.5 * progress[0][1]
     assert "checkpoint:" in result.stdout
+    # where the start-up time went, from the driver's ray.init to the first loop in the workers
+    assert re.search(r"first loop after [\d.]+ s: ray [\d.]+, trainer [\d.]+, workers [\d.]+, imports [\d.]+, "
+                     r"strategy [\d.]+, data [\d.]+, model [\d.]+, first_loop [\d.]+", result.stdout + result.stderr)
 
 
 def test_detsweep_train_json_and_eval_of_its_checkpoint(tmp_path):

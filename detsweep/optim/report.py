@@ -20,6 +20,23 @@ def learning_rates(config: LearningRateConfig, steps: Sequence[int]) -> list[flo
     return [float(rate) for rate in rates]
 
 
+def schedule_png(config: TrialConfig) -> bytes:
+    """The learning rate at every step of the trial, plotted from the same code training uses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from detsweep.evaluation.pictures import png_of
+
+    steps = list(range(0, config.train.num_steps + 1, max(1, config.train.num_steps // 500)))
+    figure, axes = plt.subplots(figsize=(6, 3.5), layout="constrained")
+    axes.plot(steps, learning_rates(config.optimizer.learning_rate, steps))
+    axes.set(xlabel="step", ylabel="learning rate", title=f"{config.optimizer.learning_rate.type} schedule")
+    axes.grid(alpha=0.3)
+    return png_of(figure)
+
+
 def optimizer_report(config: TrialConfig, steps: Sequence[int]) -> dict[str, Any]:
     """The report of ``detsweep optimizer --json``."""
     optimizer = build_optimizer(

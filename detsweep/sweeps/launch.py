@@ -89,9 +89,9 @@ def cluster_nodes() -> list[dict[str, float]]:
 
 
 def launch(sweep: Sweep, address: str | None = None, register: bool = True,
-           tags: dict[str, str] | None = None) -> dict[str, Any]:
+           tags: dict[str, str] | None = None, callbacks: list | None = None) -> dict[str, Any]:
     """Run the sweep to the end; returns the ``detsweep launch --json`` object. ``tags``: more
-    tags for its MLflow run (a fine-tuning sweep's source)."""
+    tags for its MLflow run (a fine-tuning sweep's source); ``callbacks``: more Ray Tune callbacks."""
     from detsweep.trainables.trainer import check_data
     from detsweep.tracking import check_backend, open_sweep_run, resolve_backend, trial_environment
 
@@ -114,7 +114,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     print(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}", flush=True)
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps)
-    build_tuner(sweep, max(1, fits), link, callbacks=[progress]).fit()
+    build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])]).fit()
     return finish(path, sweep, link, register)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from detsweep.config import TrialConfig
-from detsweep.evaluation.pictures import PICTURE_KEY
+from detsweep.evaluation.pictures import PICTURE_KEY, SCHEDULE_PICTURE_KEY
 
 from .writer import RetryingWriter
 
@@ -81,9 +81,6 @@ class TrialRun:
         self.run_id: str | None = None
         self.last_step = -1
         self.best: float | None = None
-        # Drawn here, not in the writer's thread: it imports TensorFlow, which must not be
-        # imported by two threads at once (the trial's own thread is importing it too).
-        self.schedule = schedule_figure(config)
         # Checkpoints are uploaded from copies: Ray Train drops its own (num_to_keep) on its
         # schedule, which need not wait for a writer that lags behind a slow server.
         self.snapshots = Path(tempfile.mkdtemp(prefix="detsweep-checkpoints-"))
@@ -112,7 +109,6 @@ class TrialRun:
             self.client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_CALL])
         self.client.log_text(self.run_id, yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
                              "config.yaml")
-        self.client.log_figure(self.run_id, self.schedule, "learning_rate.png")
 
     def log_dict(self, value: dict[str, Any], name: str) -> None:
         """A JSON artifact (``warm_start.json``: what a fine-tune restored)."""
@@ -125,7 +121,10 @@ class TrialRun:
         self.writer.submit(f"metrics at step {step}", lambda: self._log_metrics(step, values))
         if metrics.get(PICTURE_KEY):
             png = base64.b64decode(metrics[PICTURE_KEY])
-            self.writer.submit(f"the picture at step {step}", lambda: self._log_picture(step, png))
+            self.writer.submit(f"the picture at step {step}", lambda: self._log_picture(step, png, "detections"))
+        if metrics.get(SCHEDULE_PICTURE_KEY):  # drawn by the worker: no TensorFlow in this process
+            schedule = base64.b64decode(metrics[SCHEDULE_PICTURE_KEY])
+            self.writer.submit("the learning-rate schedule", lambda: self._log_picture(None, schedule, ""))
         if checkpoint is not None:
             score = values.get(self.metric)
             copy = self._snapshot(checkpoint, step)
@@ -147,12 +146,13 @@ class TrialRun:
         if not force:
             self.last_step = step
 
-    def _log_picture(self, step: int, png: bytes) -> None:
-        """``detections/step_000200.png``; a step trained twice (after a restart) overwrites it."""
+    def _log_picture(self, step: int | None, png: bytes, folder: str) -> None:
+        """``detections/step_000200.png`` (a step trained twice, after a restart, overwrites
+        it), or with no step ``learning_rate.png``."""
         with tempfile.TemporaryDirectory() as scratch:
-            path = Path(scratch) / f"step_{step:06d}.png"
+            path = Path(scratch) / (f"step_{step:06d}.png" if step is not None else "learning_rate.png")
             path.write_bytes(png)
-            self.client.log_artifact(self.run_id, str(path), "detections")
+            self.client.log_artifact(self.run_id, str(path), folder or None)
 
     def _snapshot(self, checkpoint, step: int) -> Path:
         """The checkpoint's files under this run's scratch folder: hard links where the
@@ -204,21 +204,3 @@ def _link_or_copy(source: str, target: str) -> None:
         os.link(source, target)
     except OSError:  # another filesystem, or one without hard links
         shutil.copy2(source, target)
-
-
-def schedule_figure(config: TrialConfig):
-    """The learning rate at every step of the trial, from the same code training uses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from detsweep.optim.report import learning_rates
-
-    steps = list(range(0, config.train.num_steps + 1, max(1, config.train.num_steps // 500)))
-    figure, axes = plt.subplots(figsize=(6, 3.5), layout="constrained")
-    axes.plot(steps, learning_rates(config.optimizer.learning_rate, steps))
-    axes.set(xlabel="step", ylabel="learning rate", title=f"{config.optimizer.learning_rate.type} schedule")
-    axes.grid(alpha=0.3)
-    plt.close(figure)
-    return figure

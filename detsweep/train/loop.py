@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import tempfile
 import time
 from collections.abc import Callable
@@ -14,7 +15,10 @@ import tensorflow as tf
 from detsweep.config import TrialConfig
 from detsweep.data import load_dataset
 from detsweep.data.pipeline import InputSpec, training_dataset
+from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
 from detsweep.optim import build_schedule
+from detsweep.optim.report import schedule_png
+from detsweep.startup import StartupClock
 
 from .checkpoint import build_training_state
 from .evaluate import Evaluator, is_due
@@ -34,19 +38,23 @@ class TrainingDiverged(RuntimeError):
 class WorkerContext:
     rank: int = 0
     restore_from: Path | None = None  # a checkpoint directory to resume from
-    pictures: bool = False  # draw the detections at every evaluation (for MLflow)
+    pictures: bool = False  # for MLflow: the schedule once, the detections at every evaluation
+    startup: StartupClock | None = None  # marked here up to the first step, then reported once
 
 
 def run_training(config: TrialConfig, report: Reporter, context: WorkerContext = WorkerContext()) -> dict[str, float]:
     """Train ``config`` to ``train.num_steps``, reporting every loop; returns the last metrics."""
+    startup: StartupClock | None = context.startup or StartupClock()
     use_worker_cpus(config.scaling.cpus_per_worker)  # first: both need TensorFlow's runtime unstarted
-    strategy = make_strategy(config.scaling)
+    strategy = make_strategy(config.scaling)  # several workers: waits for all of them
+    startup.mark("strategy")
     keras.mixed_precision.set_global_policy(config.train.mixed_precision)
     keras.utils.set_random_seed(config.train.seed)
     train_set = load_dataset(config.data.train, verify=False)  # the driver verified the files
     val_set = load_dataset(config.data.val, verify=False) if config.data.val else None
     spec = InputSpec(config.model.image_size)
     train = config.train
+    startup.mark("data")
 
     with strategy.scope():
         state, losses = build_training_state(config, config.model.num_classes or len(train_set.categories))
@@ -56,6 +64,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     elif train.fine_tune:  # another training's weights, as far as they fit
         restore_what_fits(state, config)
     step = int(state.step.numpy())
+    startup.mark("model")
 
     def input_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         return training_dataset(
@@ -76,6 +85,8 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         started = time.perf_counter()
         result = train_loop(batches, tf.constant(min(train.steps_per_loop, train.num_steps - step)))
         steps_run = int(result["steps_run"])
+        if startup:  # the first loop: tracing, and the input pipeline's first batches
+            startup.mark("first_loop")
         if not bool(result["finite"]):
             raise TrainingDiverged(f"loss is NaN/Inf at step {step + steps_run}")
         seconds = time.perf_counter() - started
@@ -88,6 +99,11 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
             "train/lr": float(schedule(step - 1)),
             "train/images_per_sec": train.batch_size * steps_run / seconds,
         }
+        if startup:
+            metrics.update(startup.metrics())
+            if context.pictures and context.rank == 0:
+                metrics[SCHEDULE_PICTURE_KEY] = base64.b64encode(schedule_png(config)).decode("ascii")
+            startup = None
         if evaluator and is_due(step, train.eval_every, train.num_steps):
             metrics.update(evaluator.evaluate_with_average(moving_average, picture=context.pictures))
         if is_due(step, train.checkpoint_every, train.num_steps):

@@ -20,8 +20,12 @@ def use_worker_cpus(cpus: float) -> None:
 
 def make_strategy(scaling: ScalingConfig) -> tf.distribute.Strategy:
     """TPUStrategy with ``use_tpu``; MultiWorkerMirroredStrategy across several workers (Ray's
-    TensorflowTrainer sets TF_CONFIG); one device otherwise, so a single worker never pays for
-    collective all-reduces it does not need.
+    trainer sets TF_CONFIG); one GPU: OneDeviceStrategy on it; otherwise TensorFlow's
+    default strategy, so a single worker pays for no all-reduce and no device copies.
+
+    On CPU, ``OneDeviceStrategy("/cpu:0")`` trains the quickstart model at 60 % of the default
+    strategy's speed: its input iterator and per-step copies make TensorFlow allocate fresh
+    memory at every step (ten times the page faults; bench/RESULTS.md).
 
     Must be called before any other TensorFlow op in the process (a TF requirement for
     multi-worker strategies).
@@ -34,4 +38,4 @@ def make_strategy(scaling: ScalingConfig) -> tf.distribute.Strategy:
     if scaling.num_workers > 1:
         return tf.distribute.MultiWorkerMirroredStrategy()
     gpus = tf.config.list_logical_devices("GPU")
-    return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    return tf.distribute.OneDeviceStrategy(gpus[0].name) if gpus else tf.distribute.get_strategy()

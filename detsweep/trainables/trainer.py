@@ -1,20 +1,20 @@
-"""A trial's Ray Train ``TensorflowTrainer``: resources, fault tolerance, checkpoints, progress."""
+"""A trial's Ray Train trainer (``TensorflowTrainer``'s equivalent): resources, fault
+tolerance, checkpoints, progress."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import ray.train
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from detsweep.cluster import connect
 from detsweep.config import ScalingConfig, TrialConfig
+from detsweep.startup import StartupClock
 
+from .tf_config import TensorflowWorkers
 from .worker import train_loop_per_worker
-
-if TYPE_CHECKING:
-    from ray.train.tensorflow import TensorflowTrainer
 
 
 def ray_scaling(scaling: ScalingConfig) -> ray.train.ScalingConfig:
@@ -38,7 +38,16 @@ class ProgressLines(ray.train.UserCallback):
         self.num_steps = num_steps
 
     def after_report(self, run_context, metrics, checkpoint) -> None:
+        if "startup/total_s" in metrics[0]:
+            print(startup_line(metrics[0]), flush=True)
         print(progress_line(metrics[0], self.num_steps, saved=checkpoint is not None), flush=True)
+
+
+def startup_line(metrics: dict) -> str:
+    """``first loop after 31.2 s: ray 2.1, trainer 8.0, workers 4.4, …``"""
+    phases = [(key.removeprefix("startup/").removesuffix("_s"), value) for key, value in metrics.items()
+              if key.startswith("startup/") and key != "startup/total_s"]
+    return f"first loop after {metrics['startup/total_s']:.1f} s: " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases)
 
 
 def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
@@ -50,13 +59,22 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
 
 
 def make_trainer(config: TrialConfig, name: str, storage_path: str | None = None, callbacks: list | None = None,
-                 restore_from: str | None = None, pictures: bool = False) -> "TensorflowTrainer":
+                 restore_from: str | None = None, pictures: bool = False,
+                 startup: StartupClock | None = None) -> DataParallelTrainer:
     """``restore_from``: a checkpoint to start from when Ray Train has none of its own yet;
-    ``pictures``: rank 0 draws its detections at every evaluation."""
-    from ray.train.tensorflow import TensorflowTrainer  # imports TensorFlow: only where a trial runs
-    return TensorflowTrainer(
+    ``pictures``: rank 0 draws its detections at every evaluation; ``startup``: the run's clock,
+    started when the run was asked for.
+
+    Ray Train's ``TensorflowTrainer`` is this ``DataParallelTrainer`` with Ray's TF_CONFIG
+    backend; :class:`TensorflowWorkers` does the same without importing TensorFlow here."""
+    startup = startup or StartupClock()
+    startup.mark("trainer")
+    loop_config = {"trial": config.model_dump(mode="json"), "restore_from": restore_from, "pictures": pictures,
+                   "startup": startup.to_dict()}
+    return DataParallelTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": config.model_dump(mode="json"), "restore_from": restore_from, "pictures": pictures},
+        train_loop_config=loop_config,
+        backend_config=TensorflowWorkers(),
         scaling_config=ray_scaling(config.scaling),
         run_config=ray.train.RunConfig(
             name=name,
@@ -88,10 +106,12 @@ def check_data(config: TrialConfig) -> list[str]:
 def run_train(config: TrialConfig, name: str, address: str | None = None, storage_path: str | None = None,
               progress: bool = True) -> TrainOutcome:
     """One training through Ray Train, as ``detsweep train`` runs it."""
+    startup = StartupClock()
     connect(address)
+    startup.mark("ray")
     callbacks = [ProgressLines(config.train.num_steps)] if progress else []
     try:
-        result = make_trainer(config, name, storage_path, callbacks).fit()
+        result = make_trainer(config, name, storage_path, callbacks, startup=startup).fit()
     except ray.train.TrainingFailedError as failure:
         return TrainOutcome(steps=0, metrics={}, checkpoint=None, error=failure_reason(failure))
     metrics = dict(result.metrics or {})

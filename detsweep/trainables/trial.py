@@ -22,7 +22,8 @@ from ray.util.queue import Queue
 
 from detsweep.config import TrialConfig
 from detsweep.config.loader import set_path
-from detsweep.evaluation.pictures import PICTURE_KEY
+from detsweep.evaluation.pictures import without_pictures
+from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialRun
 
 from .trainer import failure_reason, make_trainer
@@ -47,10 +48,12 @@ def trial_config(tune_config: dict[str, Any]) -> TrialConfig:
 
 
 def run_trial(tune_config: dict[str, Any]) -> None:
+    startup = StartupClock()
     config = trial_config(tune_config)
     context = ray.tune.get_context()
     restore = ray.tune.get_checkpoint()  # PBT's exploit, or a resumed sweep
     run = open_trial_run(tune_config, config, restore)
+    startup.mark("mlflow")
     # A new Ray Train run at every start: one with the same name would resume from its own
     # latest checkpoint, not from the one Tune hands over (PBT's exploit must win).
     started = time.strftime("%Y%m%d-%H%M%S")
@@ -64,7 +67,7 @@ def run_trial(tune_config: dict[str, Any]) -> None:
 
     try:
         reason = train_and_log(config, name, tune_config.get("storage"), run, to_tune,
-                               restore_from=restore.path if restore else None)
+                               restore_from=restore.path if restore else None, startup=startup)
     except BaseException:  # stopped by the scheduler or the sweep's end: the driver ends the run
         run.close()
         raise
@@ -75,12 +78,12 @@ def run_trial(tune_config: dict[str, Any]) -> None:
 
 def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run: TrialRun,
                   on_report: Callable[[dict, Any], None], restore_from: str | None = None,
-                  callbacks: Sequence = ()) -> str | None:
+                  callbacks: Sequence = (), startup: StartupClock | None = None) -> str | None:
     """Train ``config`` through Ray Train; every report goes to ``run`` (MLflow), then, without
-    its picture, to ``on_report``. Returns why training failed, or None."""
+    its pictures, to ``on_report``. Returns why training failed, or None."""
     queue: Queue = Queue(actor_options={"num_cpus": 0})
     trainer = make_trainer(config, name=name, storage_path=storage_path, callbacks=[ForwardReports(queue), *callbacks],
-                           restore_from=restore_from, pictures=True)
+                           restore_from=restore_from, pictures=True, startup=startup)
     failure: list[BaseException] = []
 
     def fit() -> None:
@@ -95,8 +98,7 @@ def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run:
     while (item := queue.get()) != _DONE:
         metrics, checkpoint = item
         run.log_report(metrics, checkpoint)
-        metrics.pop(PICTURE_KEY, None)
-        on_report(metrics, checkpoint)
+        on_report(without_pictures(metrics), checkpoint)
     return failure_reason(failure[0]) if failure else None
 
 

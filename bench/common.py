@@ -1,0 +1,138 @@
+"""What every benchmark shares: the machine it ran on, medians, and where results are kept.
+
+Each benchmark measures contenders side by side in one run and records one entry of
+``bench/results.json``: its settings, a table, ratios and the targets they are held to.
+``bench/RESULTS.md`` is rendered from that file between two markers; text outside them is
+written by hand (the before/after notes of optimisations) and kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+RESULTS_JSON = BENCH / "results.json"
+RESULTS_MD = BENCH / "RESULTS.md"
+RACCOON = REPO.parent / "shared" / "datasets" / "raccoon"
+BEGIN, END = "<!-- bench:begin (written by bench/run_all.py) -->", "<!-- bench:end -->"
+PACKAGES = ("tensorflow", "tensorflow-cpu", "keras", "keras-hub", "ray", "mlflow")
+
+
+@dataclass
+class Target:
+    what: str
+    goal: str  # as written in the issue, e.g. ">= 1.0"
+    measured: float
+    met: bool
+
+
+@dataclass
+class Entry:
+    """One benchmark's result: ``rows`` is its table (first row the header)."""
+
+    title: str
+    settings: dict
+    rows: list[list]
+    targets: list[Target] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
+    machine: dict = field(default_factory=lambda: machine())
+
+
+def machine() -> dict:
+    memory = next((int(line.split()[1]) // 1024 ** 2 for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal")), None) if Path("/proc/meminfo").exists() else None
+    return {"cores": os.cpu_count(), "memory_gib": memory, "gpu": gpu_name(), "arch": platform.machine(),
+            "python": platform.python_version(), "versions": versions()}
+
+
+def gpu_name() -> str | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    return names or None
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for package in PACKAGES:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def throughputs(marks: list[tuple[int, float]], batch_size: int, skip: int = 1) -> list[float]:
+    """Images/s of each window between consecutive ``(step, time)`` marks, the first ``skip``
+    windows left out (tracing, warm-up) and the last too (a final checkpoint)."""
+    rates = [(b_step - a_step) * batch_size / (b_time - a_time)
+             for (a_step, a_time), (b_step, b_time) in zip(marks, marks[1:])]
+    return rates[skip:-1] if len(rates) > skip + 1 else rates[skip:]
+
+
+def record(name: str, entry: Entry, path: Path = RESULTS_JSON) -> None:
+    """Keep ``entry`` as the latest result of benchmark ``name`` and print its table."""
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results[name] = asdict(entry)
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(render_entry(results[name]))
+
+
+def render_entry(entry: dict) -> str:
+    header, *body = entry["rows"]
+    gpu = entry["machine"].get("gpu") or "no GPU"
+    lines = [f"### {entry['title']}", "",
+             f"{entry['date']}, {entry['machine']['cores']} cores, {entry['machine']['memory_gib']} GiB, {gpu}; "
+             + ", ".join(f"{k} {v}" for k, v in entry["machine"]["versions"].items()) + ".",
+             "Settings: " + ", ".join(f"`{k}={v}`" for k, v in entry["settings"].items()) + ".", "",
+             "| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in body]
+    if entry["targets"]:
+        lines += ["", "| target | goal | measured | met |", "|---|---|---|---|"]
+        lines += [f"| {t['what']} | {t['goal']} | {cell(t['measured'])} | {'yes' if t['met'] else '**no**'} |"
+                  for t in entry["targets"]]
+    lines += [""] + [f"- {note}" for note in entry["notes"]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def render(results_path: Path = RESULTS_JSON, markdown: Path = RESULTS_MD) -> None:
+    """Rewrite the generated part of RESULTS.md from results.json."""
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    generated = "\n".join([BEGIN, "", *[render_entry(entry) for entry in results.values()], END])
+    text = markdown.read_text() if markdown.exists() else "# Measured figures\n\n"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + generated + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n" + generated + "\n"
+    markdown.write_text(text)
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The flags every benchmark takes: ``--smoke`` (tiny, only checks that it runs) and ``--out``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that only checks the script works")
+    parser.add_argument("--out", type=Path, default=RESULTS_JSON, help="the results file to update")
+    return parser

@@ -1,0 +1,185 @@
+"""Train-step throughput: detsweep's step under Ray Train (one worker) against the same model,
+data, batch size and optimizer trained with plain Keras ``model.fit`` in one process (what a
+user would write by hand), and against detsweep's own loop without Ray; each with glibc's
+malloc and with tcmalloc. One run, each contender in a process of its own; images/s over
+windows of ``steps_per_loop`` steps, the first window (tracing) and the last (a final
+checkpoint) left out.
+
+    .venv/bin/python -m bench.train_step [--smoke] [--windows N] [--set path=value ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from detsweep.cluster import fast_allocator
+
+from .common import REPO, Entry, Target, arguments, record
+
+CONFIG = REPO / "configs" / "quickstart.yaml"
+
+
+def bench_config(windows: int, steps_per_loop: int, smoke: bool, overrides: list[str]):
+    """The quickstart trial without evaluation: ``windows`` loops, every core to the one worker."""
+    from detsweep.config import load_trial_config
+
+    steps = windows * steps_per_loop
+    return load_trial_config(CONFIG, [
+        f"data.train.num_images={16 if smoke else 128}", "data.val=null", f"train.num_steps={steps}",
+        f"train.steps_per_loop={steps_per_loop}", f"train.eval_every={steps}", f"train.checkpoint_every={steps}",
+        f"optimizer.learning_rate.total_steps={steps}", "optimizer.learning_rate.warmup_steps=0",
+        f"scaling.cpus_per_worker={os.cpu_count()}", *overrides,
+    ])
+
+
+def keras_fit(config) -> tuple[list[tuple[int, float]], str]:
+    """``model.compile(optimizer)`` and ``model.fit`` as keras-hub's RetinaNet documents them:
+    its default losses (focal, Huber), the optimizer's own EMA in place of detsweep's."""
+    import keras
+
+    from detsweep.data import load_dataset
+    from detsweep.data.pipeline import InputSpec, training_dataset
+    from detsweep.models import build_model
+    from detsweep.optim import build_optimizer
+    from detsweep.train.strategy import use_worker_cpus
+
+    use_worker_cpus(config.scaling.cpus_per_worker)
+    keras.utils.set_random_seed(config.train.seed)
+    train_set = load_dataset(config.data.train)
+    model, _ = build_model(config.model, len(train_set.categories))
+    optimizer = build_optimizer(config.optimizer, clip_norm=config.train.gradient_clipping_by_norm)
+    if config.optimizer.use_moving_average:  # as the constructor's use_ema=True would (read at build)
+        optimizer.use_ema, optimizer.ema_momentum = True, config.optimizer.moving_average_decay
+    model.compile(optimizer=optimizer)
+    batches = training_dataset(train_set, InputSpec(config.model.image_size), config.data.augmentation,
+                               batch_size=config.train.batch_size, seed=config.train.seed)
+    marks: list[tuple[int, float]] = []
+    window = config.train.steps_per_loop
+
+    class Marks(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            marks.append((0, time.time()))
+
+        def on_epoch_end(self, epoch, logs=None):
+            marks.append(((epoch + 1) * window, time.time()))
+
+    model.fit(batches, steps_per_epoch=window, epochs=config.train.num_steps // window, callbacks=[Marks()], verbose=0)
+    return marks, str(model.jit_compile)
+
+
+def own_loop(config) -> list[tuple[int, float]]:
+    """detsweep's loop in this process, as a Ray Train worker runs it."""
+    from detsweep.train import run_training
+
+    marks = [(0, time.time())]
+    run_training(config, lambda metrics, checkpoint: marks.append((int(metrics["step"]), time.time())))
+    return marks[1:]  # from the first report: before it, start-up
+
+
+def under_ray_train(config) -> list[tuple[int, float]]:
+    """detsweep's loop in a Ray Train worker; each report timed where Ray Train receives it.
+    Ray Train's controller collects reports when it polls its workers, every 2 s: a time is
+    up to 2 s late, so only long spans of windows give a rate (polling faster costs the
+    worker several per cent of its speed on 2 cores)."""
+    import ray.train
+    from ray.util.queue import Queue
+
+    from detsweep.cluster import connect
+    from detsweep.trainables.trainer import make_trainer
+
+    connect(None)
+    queue = Queue(actor_options={"num_cpus": 0})
+
+    class Marks(ray.train.UserCallback):
+        def after_report(self, run_context, metrics, checkpoint) -> None:
+            queue.put((int(metrics[0]["step"]), time.time()))
+
+    with tempfile.TemporaryDirectory() as storage:
+        make_trainer(config, "bench-train-step", storage, callbacks=[Marks()]).fit()
+    return [queue.get() for _ in range(queue.qsize())]
+
+
+CONTENDERS = {  # name → (function, how many windows to leave out at the start)
+    "fit": (lambda config: keras_fit(config)[0], 1),
+    "loop": (own_loop, 0),
+    "ray": (under_ray_train, 0),
+}
+
+
+def run_contender(name: str, allocator: dict[str, str], args) -> float:
+    """Images/s of one contender in a process of its own (a previous training in the same
+    process leaves its memory behind and changes the next one's speed)."""
+    command = [sys.executable, "-m", "bench.train_step", "--contender", name, "--windows", str(args.windows),
+               "--steps-per-loop", str(args.steps_per_loop), *(["--smoke"] if args.smoke else []),
+               *[flag for override in args.overrides for flag in ("--set", override)]]
+    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"} | allocator
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
+    marks = json.loads(result.stdout.strip().splitlines()[-1])
+    return span_rate(marks[CONTENDERS[name][1]:], args.batch_size)
+
+
+def span_rate(marks: list, batch_size: int) -> float:
+    """Images/s from the first mark to the last but one (the last window ends in a checkpoint)."""
+    (first_step, first_time), (last_step, last_time) = marks[0], marks[-2]
+    return (last_step - first_step) * batch_size / (last_time - first_time)
+
+
+def main() -> None:
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=30)
+    parser.add_argument("--steps-per-loop", type=int, default=10)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--contender", choices=CONTENDERS, help="(internal) run one contender, print its marks")
+    args = parser.parse_args()
+    if args.smoke:
+        args.windows, args.steps_per_loop = 4, 2
+    config = bench_config(args.windows, args.steps_per_loop, args.smoke, args.overrides)
+    if args.contender:
+        print(json.dumps(CONTENDERS[args.contender][0](config)))
+        return
+    args.batch_size = config.train.batch_size
+    tcmalloc = fast_allocator()
+    runs = {  # the smoke run keeps one of each kind
+        "Keras model.fit, plain python": ("fit", {}),
+        "Keras model.fit, tcmalloc": ("fit", tcmalloc),
+        "detsweep loop, no Ray, plain python": ("loop", {}),
+        "detsweep loop, no Ray, tcmalloc": ("loop", tcmalloc),
+        f"detsweep under Ray Train, 1 worker{' (tcmalloc)' if tcmalloc else ''}": ("ray", {}),
+    }
+    if args.smoke:
+        runs = {name: run for name, run in runs.items() if "model.fit, t" not in name and "Ray, plain" not in name}
+    rates = {name: run_contender(kind, allocator, args) for name, (kind, allocator) in runs.items()}
+    fit = rates["Keras model.fit, plain python"]
+    fit_tcmalloc = rates.get("Keras model.fit, tcmalloc", fit)
+    loop = rates["detsweep loop, no Ray, tcmalloc"]
+    ray_train = list(rates.values())[-1]
+    rows = [["contender", "images/s", "vs model.fit, plain python"]]
+    rows += [[name, rate, rate / fit] for name, rate in rates.items()]
+    record("train_step", Entry(
+        title="Train-step throughput: Ray Train vs model.fit vs the bare loop (bench/train_step.py)",
+        settings={"config": "configs/quickstart.yaml", "batch_size": args.batch_size,
+                  "steps_per_loop": args.steps_per_loop, "windows": args.windows,
+                  "threads": config.scaling.cpus_per_worker, "overrides": args.overrides},
+        rows=rows,
+        targets=[Target("Ray Train vs model.fit (plain python)", ">= 1.0", ray_train / fit, ray_train / fit >= 1.0),
+                 Target("Ray Train vs model.fit (tcmalloc)", ">= 1.0", ray_train / fit_tcmalloc,
+                        ray_train / fit_tcmalloc >= 1.0),
+                 Target("cost of the Ray Train wrapper (1 - Ray / loop, tcmalloc)", "<= 3%", 1 - ray_train / loop,
+                        1 - ray_train / loop <= 0.03)],
+        notes=["Each contender runs in a process of its own; images/s from the end of the first window "
+               "(tracing) to the start of the last (a checkpoint). model.fit's first window is left out too.",
+               "model.fit uses keras-hub's default losses and the Keras optimizer's own EMA; the detsweep loop "
+               "computes the same losses term by term and keeps its EMA in a MovingAverage.",
+               "Ray Train workers get tcmalloc from detsweep (LD_PRELOAD) when the machine has it."],
+    ), args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Where a run's start-up time goes, phase by phase, up to its first training step.
+
+A trial's start is spread over processes: the Tune trial builds its trainer, Ray Train
+starts the workers, each worker imports TensorFlow, reads its data, builds the model and
+traces the train step. The clock travels with the run (as a plain dict in Ray Train's
+loop config) and each process marks the end of its phases; the first report carries them
+as ``startup/<phase>_s`` metrics, beside the curves in MLflow and for ``bench/startup.py``.
+Marks are wall-clock times, so phases that span processes are measured on one node's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StartupClock:
+    origin: float = field(default_factory=time.time)
+    phases: dict[str, float] = field(default_factory=dict)  # phase → seconds, in the order they ended
+    last: float | None = None
+
+    def mark(self, phase: str) -> None:
+        """End ``phase`` now: it lasted from the previous mark (or the origin) until now."""
+        now = time.time()
+        self.phases[phase] = now - (self.last if self.last is not None else self.origin)
+        self.last = now
+
+    def metrics(self) -> dict[str, float]:
+        return {**{f"startup/{phase}_s": seconds for phase, seconds in self.phases.items()},
+                "startup/total_s": sum(self.phases.values())}
+
+    def to_dict(self) -> dict:
+        return {"origin": self.origin, "phases": dict(self.phases), "last": self.last}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StartupClock":
+        return cls(origin=data["origin"], phases=dict(data["phases"]), last=data["last"])

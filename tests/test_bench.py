@@ -1,0 +1,52 @@
+"""`make bench-smoke`: every benchmark script runs end to end at a tiny size and records its
+table. This checks the scripts, not the figures (benchmarks are never timed tests)."""
+
+import json
+import math
+import subprocess
+import sys
+
+from bench.common import Entry, render, throughputs
+
+from .conftest import REPO
+
+EXPECTED = {"train_step", "startup_1w", "input_pipeline", "scaling_cpu", "early_stopping"}
+
+
+def test_every_benchmark_runs_and_records_its_table(tmp_path):
+    out = tmp_path / "results.json"
+    result = subprocess.run([sys.executable, "-m", "bench.run_all", "--smoke", "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results) == EXPECTED
+    for name, entry in results.items():
+        header, *rows = entry["rows"]
+        assert rows and all(len(row) == len(header) for row in rows), name
+        figures = [value for row in rows for value in row[1:] if isinstance(value, (int, float))]
+        assert figures and all(math.isfinite(value) and value >= 0 for value in figures), (name, rows)
+        assert entry["machine"]["cores"] >= 1 and "tensorflow" in " ".join(entry["machine"]["versions"])
+        for target in entry["targets"]:
+            assert isinstance(target["met"], bool) and math.isfinite(target["measured"]), (name, target)
+    markdown = out.with_suffix(".md").read_text()
+    assert all(entry["title"] in markdown for entry in results.values())
+    phases = {row[0] for row in results["startup_1w"]["rows"][1:]}
+    assert {"workers", "imports", "model", "first_loop"} <= phases
+
+
+def test_throughput_windows_leave_out_tracing_and_the_final_checkpoint():
+    marks = [(0, 0.0), (10, 5.0), (20, 6.0), (30, 7.0), (40, 9.0)]  # 5 s of tracing, a 2 s checkpoint
+    assert throughputs(marks, batch_size=8) == [80.0, 80.0]
+
+
+def test_results_md_keeps_the_hand_written_text_around_the_generated_tables(tmp_path):
+    from dataclasses import asdict
+
+    results, markdown = tmp_path / "results.json", tmp_path / "RESULTS.md"
+    markdown.write_text("# Measured figures\n\nBefore/after notes, by hand.\n")
+    entry = Entry(title="A bench", settings={"n": 1}, rows=[["what", "images/s"], ["x", 12.5]])
+    results.write_text(json.dumps({"a": asdict(entry)}))
+    render(results, markdown)
+    render(results, markdown)  # idempotent: the generated part is replaced, not appended
+    text = markdown.read_text()
+    assert text.count("### A bench") == 1 and "Before/after notes, by hand." in text and "| x | 12.5 |" in text
