@@ -42,7 +42,7 @@ def workers(args) -> None:
 
 def gpu(args) -> None:
     size, batch, windows = (64, 2, 3) if args.smoke else (640, args.batch_size, args.windows)
-    overrides = [f"model.backbone=resnet50", f"model.image_size={size}", f"data.train.image_size={size}",
+    overrides = ["model.backbone=resnet50", f"model.image_size={size}", f"data.train.image_size={size}",
                  f"train.batch_size={batch}", "model.max_level=7", "model.head_conv_layers=4"]
     rates = {}
     for policy in ("float32", "mixed_float16"):  # detsweep's loop, each in a process of its own

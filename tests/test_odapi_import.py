@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import yaml
 
 from detsweep.config import load_trial_config
 from detsweep.config.odapi import import_pipeline

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from detsweep.config import DatasetConfig
 from detsweep.data import generate_synthetic
 from detsweep.data.pipeline import InputSpec, decode_and_resize, random_horizontal_flip, random_scale_crop, to_tensors
 
