@@ -84,11 +84,19 @@ def own_loop(config) -> list[tuple[int, float]]:
 def loop_beside_ray(config) -> list[tuple[int, float]]:
     """detsweep's loop in this process while a local Ray cluster runs idle beside it: the share
     of the wrapper's cost that is Ray's daemons (GCS, raylet, dashboard, log monitor) taking
-    CPU from the training threads, not Ray Train."""
-    from detsweep.cluster import connect
-
-    connect(None)
-    return own_loop(config)
+    CPU from the training threads, not Ray Train. The cluster is started by a driver of its
+    own, without this process's allocator, as ``detsweep launch`` starts it."""
+    driver = "from detsweep.cluster import connect; import sys; connect(None); print(flush=True); sys.stdin.read()"
+    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+    cluster = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env=env, text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        if not cluster.stdout.readline():  # a line once the cluster is up; none if it failed
+            raise SystemExit("the idle Ray cluster beside the loop did not start")
+        return own_loop(config)
+    finally:
+        cluster.stdin.close()  # the driver ends, and Ray with it
+        cluster.wait(timeout=120)
 
 
 def under_ray_train(config) -> list[tuple[int, float]]:
