@@ -34,6 +34,16 @@ def run_sweep(scheduler: str, samples: int, overrides: list[str], folder: Path) 
     return launch(sweep, register=False)
 
 
+def asha_settings(overrides: list[str]) -> dict:
+    """What decides how early ASHA can stop a trial: its rungs and how often trials evaluate."""
+    from detsweep.sweeps import load_sweep
+
+    sweep = load_sweep(SWEEP, overrides)
+    return {"grace_period": sweep.search.scheduler.grace_period,
+            "reduction_factor": sweep.search.scheduler.reduction_factor,
+            "eval_every": sweep.base.train.eval_every, "num_steps": sweep.base.train.num_steps}
+
+
 def steps_spent(report: dict) -> int:
     return sum(int(trial["metrics"].get("step", 0)) for trial in report["trials"])
 
@@ -62,7 +72,8 @@ def main() -> None:
     share, gap = steps["ASHA"] / steps["FIFO"], best["FIFO"] - best["ASHA"]
     record("early_stopping", Entry(
         title="Early stopping: FIFO vs ASHA on the same configurations (bench/early_stopping.py)",
-        settings={"sweep": "sweeps/quickstart.yaml", "samples": samples, "overrides": overrides},
+        settings={"sweep": "sweeps/quickstart.yaml", "samples": samples, "overrides": overrides,
+                  **asha_settings(overrides)},
         rows=rows,
         targets=[Target("ASHA's steps / FIFO's", "<= 40%", share, share <= 0.4),
                  Target(f"FIFO's best {metric} - ASHA's", "<= 0.02", gap, gap <= 0.02)],
