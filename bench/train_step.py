@@ -81,14 +81,18 @@ def own_loop(config) -> list[tuple[int, float]]:
     return marks[1:]  # from the first report: before it, start-up
 
 
+def without_preload() -> dict[str, str]:
+    """This process's environment less LD_PRELOAD: each contender chooses its own allocator."""
+    return {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+
+
 def loop_beside_ray(config) -> list[tuple[int, float]]:
     """detsweep's loop in this process while a local Ray cluster runs idle beside it: the share
     of the wrapper's cost that is Ray's daemons (GCS, raylet, dashboard, log monitor) taking
     CPU from the training threads, not Ray Train. The cluster is started by a driver of its
     own, without this process's allocator, as ``detsweep launch`` starts it."""
     driver = "from detsweep.cluster import connect; import sys; connect(None); print(flush=True); sys.stdin.read()"
-    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
-    cluster = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env=env, text=True,
+    cluster = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env=without_preload(), text=True,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         if not cluster.stdout.readline():  # a line once the cluster is up; none if it failed
@@ -136,7 +140,7 @@ def run_contender(name: str, allocator: dict[str, str], args) -> float:
     command = [sys.executable, "-m", "bench.train_step", "--contender", name, "--windows", str(args.windows),
                "--steps-per-loop", str(args.steps_per_loop), *(["--smoke"] if args.smoke else []),
                *[flag for override in args.overrides for flag in ("--set", override)]]
-    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"} | allocator
+    env = without_preload() | allocator
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
