@@ -39,7 +39,7 @@ def floor_process() -> None:
     built = time.time()
     from detsweep.train import run_training
 
-    run_training(config, lambda metrics, checkpoint: None)
+    run_training(config, lambda metrics, checkpoint, milestone: None)
     print(json.dumps({"imports": imported - started, "model": built - imported, "first_step": time.time() - built}))
 
 

@@ -46,7 +46,7 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
              progress: bool = True) -> dict[str, Any]:
     """Fine-tune once; returns the ``detsweep finetune --json`` object."""
     from detsweep.cluster import connect
-    from detsweep.trainables.trainer import ProgressLines, check_data
+    from detsweep.trainables.trainer import check_data
     from detsweep.trainables.trial import train_and_log
     from detsweep.tracking import trial_environment
 
@@ -67,8 +67,7 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
         last["metrics"] = metrics
         last["checkpoint"] = checkpoint.path if checkpoint else last["checkpoint"]
 
-    callbacks = [ProgressLines(config.train.num_steps)] if progress else []
-    error = train_and_log(config, name, storage_path, run, keep_last, callbacks=callbacks)
+    error = train_and_log(config, name, storage_path, run, keep_last, progress=progress)
     run.finish(error=error)
     return {"name": name, "source": source_dict(source), "warm_start": plan_summary(plan),
             "steps": int(last["metrics"].get("step", 0)), "metrics": last["metrics"], "checkpoint": last["checkpoint"],

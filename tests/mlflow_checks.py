@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 
-def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = False, registered: bool = True) -> dict:
+def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = False, registered: bool = True,
+                      eval_every: int | None = None) -> dict:
     """One parent run and one child run per started trial, as ``report`` (launch --json) says;
-    returns the child runs by trial id. Under ``pbt`` a trial's config and step can jump.
+    returns the child runs by trial id. ``every``: steps per report; ``eval_every``: per
+    evaluation (default: ``every``). Under ``pbt`` a trial's config and step can jump.
     ``registered``: the sweep registered its best model (else it ran with --no-register)."""
     from mlflow import MlflowClient
 
@@ -61,7 +63,8 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
             assert steps[-1] == num_steps
             assert {"config.yaml", "learning_rate.png", "checkpoints", "detections"} <= artifacts(client, run.info.run_id)
             pictures = artifacts(client, run.info.run_id, "detections")  # one per evaluation
-            assert pictures == {f"detections/step_{step:06d}.png" for step in steps}, pictures
+            evaluated = [step for step in steps if step % (eval_every or every) == 0 or step == num_steps]
+            assert pictures == {f"detections/step_{step:06d}.png" for step in evaluated}, pictures
     best = children[report["best"]["trial_id"]]
     check_best_checkpoint(client, report, best)
     if registered:

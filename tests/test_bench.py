@@ -10,7 +10,7 @@ from bench.common import Entry, render, throughputs
 
 from .conftest import REPO
 
-EXPECTED = {"train_step", "startup_1w", "input_pipeline", "scaling_cpu", "early_stopping"}
+EXPECTED = {"train_step", "train_step_loops", "startup_1w", "input_pipeline", "scaling_cpu", "early_stopping"}
 
 
 def test_every_benchmark_runs_and_records_its_table(tmp_path):

@@ -1,7 +1,10 @@
 """Training one trial: the loop in-process (fast), and `detsweep train` through real Ray Train."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -38,7 +41,7 @@ class Recorder:
     def __init__(self, keep_dir=None):
         self.reports, self.checkpoints, self.keep_dir = [], [], keep_dir
 
-    def __call__(self, metrics, checkpoint):
+    def __call__(self, metrics, checkpoint, milestone):
         self.reports.append(metrics)
         if checkpoint is not None and self.keep_dir is not None:
             import shutil
@@ -191,6 +194,27 @@ def test_detsweep_train_json_and_eval_of_its_checkpoint(tmp_path):
     metrics = json.loads(evaluated.stdout)
     assert metrics["step"] == 10
     assert metrics["eval/AP"] == pytest.approx(outcome["metrics"]["eval/AP"], abs=1e-6)
+
+
+def test_the_worker_trains_on_between_ray_trains_polls_and_every_loop_arrives_once_in_order():
+    """Ray Train drains one report per poll of its workers; polls are 10 s apart here. Loops of
+    one step go to the driver's queue without waiting for a poll: many arrive between two polls.
+    Only the milestones (evaluation and checkpoint, steps 15 and 30) pass through Ray Train."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
+         "--set", "train.steps_per_loop=1", "--set", "train.eval_every=15", "--set", "train.checkpoint_every=15",
+         "--set", "data.val.num_images=8"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    flow = json.loads(result.stdout.strip().splitlines()[-1])
+    loops = [(step, milestone) for kind, step, milestone in flow["arrived"] if kind == "loop"]
+    assert loops == [(step, step in (15, 30)) for step in range(1, 31)]  # each once, in order, from rank 0
+    reports = [(step, saved) for kind, step, saved in flow["arrived"] if kind == "report"]
+    assert reports == [(15, True), (30, True)]
+    arrived_per_poll = [later - earlier for earlier, later in zip(flow["at_polls"], flow["at_polls"][1:])]
+    assert max(arrived_per_poll) >= 6, flow["at_polls"]  # at most 2 (a loop and a report) if it waited
+    assert flow["in_order"] == [[step, step in (15, 30)] for step in range(1, 31)]
 
 
 def test_mixed_float16_trains_with_dynamic_loss_scaling():

@@ -26,8 +26,10 @@ from .step import make_train_loop
 from .strategy import make_strategy, use_worker_cpus
 from .warm_start import restore_what_fits
 
-# report(metrics, checkpoint_dir): the directory exists only during the call; copy what you keep.
-Reporter = Callable[[dict[str, float], "Path | None"], None]
+# report(metrics, checkpoint_dir, milestone), after every loop. The directory exists only
+# during the call: copy what you keep. ``milestone``: the loop ended in an evaluation or a
+# checkpoint; it is the same on every worker, so workers can meet there (Ray Train's report).
+Reporter = Callable[[dict[str, float], "Path | None", bool], None]
 
 
 class TrainingDiverged(RuntimeError):
@@ -76,7 +78,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
 
     batches = iter(strategy.distribute_datasets_from_function(input_fn))
     train_loop = make_train_loop(strategy, model, losses, optimizer, moving_average, state.step)
-    # Only rank 0 evaluates; the others wait for it at the next report.
+    # Only rank 0 evaluates; the others wait for it at their next collective (a step, or the report).
     evaluator = Evaluator(model, val_set, spec, batch_size=8) if val_set and context.rank == 0 else None
     schedule = build_schedule(config.optimizer.learning_rate)
     metrics: dict[str, float] = {}
@@ -104,11 +106,12 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
             if context.pictures and context.rank == 0:
                 metrics[SCHEDULE_PICTURE_KEY] = base64.b64encode(schedule_png(config)).decode("ascii")
             startup = None
-        if evaluator and is_due(step, train.eval_every, train.num_steps):
+        evaluation_due = val_set is not None and is_due(step, train.eval_every, train.num_steps)
+        if evaluator and evaluation_due:
             metrics.update(evaluator.evaluate_with_average(moving_average, picture=context.pictures))
         if is_due(step, train.checkpoint_every, train.num_steps):
             with tempfile.TemporaryDirectory(prefix="detsweep-ckpt-") as scratch:
-                report(metrics, state.save(Path(scratch), config, train_set.categories))
+                report(metrics, state.save(Path(scratch), config, train_set.categories), True)
         else:
-            report(metrics, None)
+            report(metrics, None, evaluation_due)
     return metrics

@@ -1,18 +1,22 @@
 """A trial's Ray Train trainer (``TensorflowTrainer``'s equivalent): resources, fault
-tolerance, checkpoints, progress."""
+tolerance, checkpoints; and one training streamed to the process that asked for it."""
 
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from ray.util.queue import Queue
 
 from detsweep.cluster import connect
 from detsweep.config import ScalingConfig, TrialConfig
 from detsweep.startup import StartupClock
 
+from .channel import ForwardReports, RunEnded, in_step_order
 from .tf_config import TensorflowWorkers
 from .worker import train_loop_per_worker
 
@@ -31,16 +35,16 @@ def ray_scaling(scaling: ScalingConfig) -> ray.train.ScalingConfig:
     )
 
 
-class ProgressLines(ray.train.UserCallback):
-    """One line per report, printed by Ray Train's controller (it reaches the driver's console)."""
+class ProgressLines:
+    """One line per report on this process's console, the first with where start-up time went."""
 
     def __init__(self, num_steps: int):
         self.num_steps = num_steps
 
-    def after_report(self, run_context, metrics, checkpoint) -> None:
-        if "startup/total_s" in metrics[0]:
-            print(startup_line(metrics[0]), flush=True)
-        print(progress_line(metrics[0], self.num_steps, saved=checkpoint is not None), flush=True)
+    def __call__(self, metrics: dict, checkpoint) -> None:
+        if "startup/total_s" in metrics:
+            print(startup_line(metrics), flush=True)
+        print(progress_line(metrics, self.num_steps, saved=checkpoint is not None), flush=True)
 
 
 def startup_line(metrics: dict) -> str:
@@ -58,19 +62,20 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
     return "  ".join(parts) + ("  [checkpoint]" if saved else "")
 
 
-def make_trainer(config: TrialConfig, name: str, storage_path: str | None = None, callbacks: list | None = None,
+def make_trainer(config: TrialConfig, name: str, reports: Queue, storage_path: str | None = None,
                  restore_from: str | None = None, pictures: bool = False,
-                 startup: StartupClock | None = None) -> DataParallelTrainer:
-    """``restore_from``: a checkpoint to start from when Ray Train has none of its own yet;
+                 startup: StartupClock | None = None, callbacks: Sequence = ()) -> DataParallelTrainer:
+    """``reports``: the queue this process reads the run's reports from (:mod:`.channel`);
+    ``restore_from``: a checkpoint to start from when Ray Train has none of its own yet;
     ``pictures``: rank 0 draws its detections at every evaluation; ``startup``: the run's clock,
-    started when the run was asked for.
+    started when the run was asked for; ``callbacks``: more of Ray Train's, in its controller.
 
     Ray Train's ``TensorflowTrainer`` is this ``DataParallelTrainer`` with Ray's TF_CONFIG
     backend; :class:`TensorflowWorkers` does the same without importing TensorFlow here."""
     startup = startup or StartupClock()
     startup.mark("trainer")
-    loop_config = {"trial": config.model_dump(mode="json"), "restore_from": restore_from, "pictures": pictures,
-                   "startup": startup.to_dict()}
+    loop_config = {"trial": config.model_dump(mode="json"), "reports": reports, "restore_from": restore_from,
+                   "pictures": pictures, "startup": startup.to_dict()}
     return DataParallelTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
@@ -81,7 +86,7 @@ def make_trainer(config: TrialConfig, name: str, storage_path: str | None = None
             storage_path=storage_path,
             failure_config=ray.train.FailureConfig(max_failures=config.scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-            callbacks=callbacks,
+            callbacks=[ForwardReports(reports), *callbacks],
         ),
     )
 
@@ -103,20 +108,54 @@ def check_data(config: TrialConfig) -> list[str]:
     return [load_dataset(dataset, verify=True).summary_line() for dataset in datasets]
 
 
+Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]
+
+
+def stream_training(config: TrialConfig, name: str, storage_path: str | None, on_report: Handler,
+                    restore_from: str | None = None, pictures: bool = False,
+                    startup: StartupClock | None = None) -> str | None:
+    """Train ``config`` through Ray Train, handing ``on_report`` every loop's metrics in step
+    order, in this thread, with the checkpoint where a loop saved one; returns why training
+    failed, or None. The workers never wait for this process (:mod:`.channel`)."""
+    reports = Queue(actor_options={"num_cpus": 0})
+    trainer = make_trainer(config, name, reports, storage_path, restore_from=restore_from, pictures=pictures,
+                           startup=startup)
+    failure: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as error:  # reported below, in the caller's thread
+            failure.append(error)
+        finally:
+            reports.put(RunEnded())
+
+    threading.Thread(target=fit, name="detsweep-fit", daemon=True).start()
+    for metrics, checkpoint in in_step_order(reports):
+        on_report(metrics, checkpoint)
+    return failure_reason(failure[0]) if failure else None
+
+
 def run_train(config: TrialConfig, name: str, address: str | None = None, storage_path: str | None = None,
               progress: bool = True) -> TrainOutcome:
     """One training through Ray Train, as ``detsweep train`` runs it."""
     startup = StartupClock()
     connect(address)
     startup.mark("ray")
-    callbacks = [ProgressLines(config.train.num_steps)] if progress else []
-    try:
-        result = make_trainer(config, name, storage_path, callbacks, startup=startup).fit()
-    except ray.train.TrainingFailedError as failure:
-        return TrainOutcome(steps=0, metrics={}, checkpoint=None, error=failure_reason(failure))
-    metrics = dict(result.metrics or {})
-    checkpoint = result.checkpoint.path if result.checkpoint else None
-    return TrainOutcome(steps=int(metrics.get("step", 0)), metrics=metrics, checkpoint=checkpoint)
+    lines = ProgressLines(config.train.num_steps) if progress else None
+    last: dict = {"metrics": {}, "checkpoint": None}
+
+    def keep_last(metrics: dict, checkpoint) -> None:
+        if lines:
+            lines(metrics, checkpoint)
+        last["metrics"] = metrics
+        last["checkpoint"] = checkpoint.path if checkpoint else last["checkpoint"]
+
+    error = stream_training(config, name, storage_path, keep_last, startup=startup)
+    if error:
+        return TrainOutcome(steps=0, metrics={}, checkpoint=None, error=error)
+    metrics = last["metrics"]
+    return TrainOutcome(steps=int(metrics.get("step", 0)), metrics=metrics, checkpoint=last["checkpoint"])
 
 
 def failure_reason(failure: BaseException) -> str:

@@ -1,7 +1,7 @@
 """The Tune function trainable: one trial = one Ray Train run of the trial's config.
 
-Ray Train's controller hands every report to :class:`ForwardReports`, which queues it;
-this function, in the trial's own process, passes the evaluations (with their
+Every loop's report reaches the trial's own process in step order (:mod:`.channel`); this
+function passes those that carry the sweep's metric (the evaluations, with their
 checkpoints) on to Tune. So Tune's schedulers decide on ``eval/…`` at training-step
 granularity, Tune keeps the checkpoints (for PBT and ``num_to_keep``), and everything a
 trial reports passes through one place: that is also where its MLflow run is written.
@@ -10,15 +10,12 @@ trial reports passes through one place: that is also where its MLflow run is wri
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import ray.train
 import ray.tune
-from ray.util.queue import Queue
 
 from detsweep.config import TrialConfig
 from detsweep.config.loader import set_path
@@ -26,17 +23,7 @@ from detsweep.evaluation.pictures import without_pictures
 from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialRun
 
-from .trainer import failure_reason, make_trainer
-
-_DONE = "__done__"
-
-
-class ForwardReports(ray.train.UserCallback):
-    def __init__(self, queue: Queue):
-        self.queue = queue
-
-    def after_report(self, run_context, metrics, checkpoint) -> None:
-        self.queue.put((metrics[0], checkpoint))
+from .trainer import ProgressLines, stream_training
 
 
 def trial_config(tune_config: dict[str, Any]) -> TrialConfig:
@@ -78,28 +65,19 @@ def run_trial(tune_config: dict[str, Any]) -> None:
 
 def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run: TrialRun,
                   on_report: Callable[[dict, Any], None], restore_from: str | None = None,
-                  callbacks: Sequence = (), startup: StartupClock | None = None) -> str | None:
-    """Train ``config`` through Ray Train; every report goes to ``run`` (MLflow), then, without
-    its pictures, to ``on_report``. Returns why training failed, or None."""
-    queue: Queue = Queue(actor_options={"num_cpus": 0})
-    trainer = make_trainer(config, name=name, storage_path=storage_path, callbacks=[ForwardReports(queue), *callbacks],
-                           restore_from=restore_from, pictures=True, startup=startup)
-    failure: list[BaseException] = []
+                  progress: bool = False, startup: StartupClock | None = None) -> str | None:
+    """Train ``config`` through Ray Train; every report goes to ``run`` (MLflow), to this
+    process's console when ``progress``, then, without its pictures, to ``on_report``.
+    Returns why training failed, or None."""
+    lines = ProgressLines(config.train.num_steps) if progress else None
 
-    def fit() -> None:
-        try:
-            trainer.fit()
-        except BaseException as error:  # reported below, in the caller's thread
-            failure.append(error)
-        finally:
-            queue.put(_DONE)
-
-    threading.Thread(target=fit, daemon=True).start()
-    while (item := queue.get()) != _DONE:
-        metrics, checkpoint = item
+    def log(metrics: dict, checkpoint) -> None:
         run.log_report(metrics, checkpoint)
+        if lines:
+            lines(metrics, checkpoint)
         on_report(without_pictures(metrics), checkpoint)
-    return failure_reason(failure[0]) if failure else None
+
+    return stream_training(config, name, storage_path, log, restore_from=restore_from, pictures=True, startup=startup)
 
 
 def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) -> TrialRun:

@@ -11,6 +11,8 @@ import ray.train
 from detsweep.config import TrialConfig
 from detsweep.startup import StartupClock
 
+from .channel import LoopMetrics, LoopSender
+
 
 def quiet_report_logging() -> None:
     """Ray Train logs every report in full at INFO (a picture's base64 included) under a
@@ -22,8 +24,9 @@ def quiet_report_logging() -> None:
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """Resume from Ray's latest checkpoint when there is one (a restarted worker group),
-    else from ``restore_from`` (a Tune checkpoint: PBT, a resumed sweep); train; and report
-    every loop to Ray: metrics from every worker (Ray keeps rank 0's), checkpoints from rank 0."""
+    else from ``restore_from`` (a Tune checkpoint: PBT, a resumed sweep); train; rank 0 sends
+    every loop's metrics down the run's queue, and every worker reports each milestone to Ray
+    Train (Ray keeps rank 0's metrics; checkpoints come from rank 0), see :mod:`.channel`."""
     latest = ray.train.get_checkpoint()
     # A worker group Ray Train restarted times its own start: the trial's began long before.
     startup = StartupClock.from_dict(loop_config["startup"]) if loop_config.get("startup") and not latest else StartupClock()
@@ -34,8 +37,15 @@ def train_loop_per_worker(loop_config: dict) -> None:
     quiet_report_logging()
     config = TrialConfig.model_validate(loop_config["trial"])
     rank = ray.train.get_context().get_world_rank()
+    sender = LoopSender(loop_config["reports"]) if rank == 0 else None
 
-    def report(metrics: dict, checkpoint_dir: Path | None) -> None:
+    def report(metrics: dict, checkpoint_dir: Path | None, milestone: bool) -> None:
+        if sender:
+            sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone))
+        if not milestone:
+            return
+        if sender:  # every loop before this checkpoint is delivered: a restart from it loses none
+            sender.flush()
         checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir and rank == 0 else None
         ray.train.report(metrics, checkpoint=checkpoint)
 
@@ -45,3 +55,5 @@ def train_loop_per_worker(loop_config: dict) -> None:
         context = WorkerContext(rank=rank, restore_from=Path(restore_from) if restore_from else None,
                                 pictures=loop_config.get("pictures", False), startup=startup)
         run_training(config, report, context)
+    if sender:
+        sender.flush()

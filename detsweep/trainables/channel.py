@@ -1,0 +1,121 @@
+"""How a training's reports travel from its Ray Train workers to the process that owns the run.
+
+Ray Train's ``ray.train.report`` is made for checkpoints: each worker has a result queue of
+one entry, and the controller empties it when it polls its workers, every
+``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (2 s; ``ray/train/v2/_internal/execution/context.py``).
+A worker that reported every loop trained at most one loop per poll. Ray's guidance is to
+send per-step metrics to experiment tracking from the workers themselves; ours go to the
+process that owns the MLflow run (the trial's, or ``detsweep train``'s driver) through a
+Ray ``Queue``, an actor that process owns:
+
+- every loop, rank 0 hands its metrics to :class:`LoopSender`, whose thread puts them on the
+  queue: the training thread never waits for a poll;
+- at a milestone (an evaluation or a checkpoint) every worker calls ``ray.train.report``, as
+  Ray Train requires, once rank 0's sender has delivered every loop before it: a worker group
+  restarted from that checkpoint has lost nothing that came before it;
+- Ray Train's controller puts every report it receives on the same queue
+  (:class:`ForwardReports`), and :func:`in_step_order` merges the two: each step once, in
+  order, a milestone as Ray Train's report of it with its checkpoint, so Tune and fault
+  tolerance see exactly what they saw when every loop went through Ray Train.
+"""
+
+from __future__ import annotations
+
+import queue as local
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import ray.train
+from ray.util.queue import Queue
+
+
+@dataclass(frozen=True)
+class LoopMetrics:
+    """One loop's metrics, from rank 0; ``milestone``: Ray Train gets a report of this step too."""
+
+    step: int
+    metrics: dict[str, Any]
+    milestone: bool
+
+
+@dataclass(frozen=True)
+class RayReport:
+    """A report as Ray Train's controller received it (rank 0's metrics), with its checkpoint."""
+
+    step: int
+    metrics: dict[str, Any]
+    checkpoint: ray.train.Checkpoint | None
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    """``trainer.fit()`` returned or raised: nothing more will come."""
+
+
+class ForwardReports(ray.train.UserCallback):
+    """Runs in Ray Train's controller: every report it receives goes on the run's queue."""
+
+    def __init__(self, reports: Queue):
+        self.reports = reports
+
+    def after_report(self, run_context, metrics, checkpoint) -> None:
+        self.reports.put(RayReport(int(metrics[0]["step"]), metrics[0], checkpoint))
+
+
+class LoopSender:
+    """Rank 0's end of the queue: :meth:`send` returns at once, a thread delivers in order."""
+
+    def __init__(self, reports: Queue):
+        self.reports = reports
+        self.pending: local.Queue[LoopMetrics] = local.Queue()
+        self.failure: BaseException | None = None
+        threading.Thread(target=self._deliver, name="detsweep-loop-sender", daemon=True).start()
+
+    def send(self, loop: LoopMetrics) -> None:
+        self.pending.put(loop)
+
+    def flush(self) -> None:
+        """Wait until everything sent so far is on the queue."""
+        self.pending.join()
+        if self.failure is not None:
+            raise RuntimeError(f"the run's report queue is gone: {self.failure}") from self.failure
+
+    def _deliver(self) -> None:
+        while True:
+            loop = self.pending.get()
+            try:
+                if self.failure is None:
+                    self.reports.put(loop)
+            except BaseException as error:  # the owner of the queue is gone; flush() says so
+                self.failure = error
+            finally:
+                self.pending.task_done()
+
+
+def in_step_order(reports: Queue) -> Iterator[tuple[dict[str, Any], ray.train.Checkpoint | None]]:
+    """Every step's metrics once, in step order, until the run ends: a loop's own metrics, or
+    for a milestone Ray Train's report of it with its checkpoint (the loops after a milestone
+    wait here, never in the worker, until its report arrives). A step trained again after a
+    restart replaces one not yet passed on; one already passed on is dropped."""
+    loops: dict[int, LoopMetrics] = {}
+    received: dict[int, RayReport] = {}
+    passed = -1
+    ended = False
+    while not ended:
+        item = reports.get()
+        if isinstance(item, RunEnded):
+            ended = True
+        elif isinstance(item, RayReport):
+            received[item.step] = item
+        else:
+            loops[item.step] = item
+        for step in sorted(loops.keys() | received.keys()):
+            loop, report = loops.get(step), received.get(step)
+            if loop is not None and loop.milestone and report is None and not ended:
+                break  # its report, with the checkpoint, is on the way through Ray Train
+            loops.pop(step, None), received.pop(step, None)
+            if step > passed:
+                passed = step
+                yield (report.metrics, report.checkpoint) if report else (loop.metrics, None)

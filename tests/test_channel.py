@@ -1,0 +1,105 @@
+"""The report channel's two ends, on local queues: rank 0's sender and the owner's merge of
+loops and Ray Train reports into one stream in step order (:mod:`detsweep.trainables.channel`).
+The same code over Ray's queue, in a real Ray Train run: ``tests/test_train.py``."""
+
+import queue
+import threading
+
+import pytest
+
+from detsweep.trainables.channel import LoopMetrics, LoopSender, RayReport, RunEnded, in_step_order
+
+
+def loop(step: int, milestone: bool = False, **metrics) -> LoopMetrics:
+    return LoopMetrics(step, {"step": step, "source": "loop", **metrics}, milestone)
+
+
+def report(step: int, checkpoint: str | None = "ckpt") -> RayReport:
+    return RayReport(step, {"step": step, "source": "ray"}, checkpoint)
+
+
+def stream(*items) -> list[tuple[int, str, str | None]]:
+    """What ``in_step_order`` passes on once ``items`` and the end have arrived, as (step, source, checkpoint)."""
+    arrived = queue.Queue()
+    for item in [*items, RunEnded()]:
+        arrived.put(item)
+    return [(m["step"], m["source"], checkpoint) for m, checkpoint in in_step_order(arrived)]
+
+
+def test_loops_after_a_milestone_wait_for_its_report_and_the_report_stands_for_the_milestone():
+    # Rank 0 trains on past step 2 while Ray Train's report of it waits for a poll.
+    assert stream(loop(1), loop(2, milestone=True), loop(3), loop(4), report(2)) == [
+        (1, "loop", None), (2, "ray", "ckpt"), (3, "loop", None), (4, "loop", None)]
+
+
+def test_a_loop_is_passed_on_as_soon_as_nothing_before_it_is_pending():
+    arrived = queue.Queue()
+    passed = in_step_order(arrived)
+    arrived.put(loop(1))
+    assert next(passed)[0]["step"] == 1  # without waiting for the end
+    arrived.put(loop(2, milestone=True))
+    arrived.put(loop(3))
+    got = []
+    reader = threading.Thread(target=lambda: got.append(next(passed)))
+    reader.start()
+    reader.join(timeout=0.5)
+    assert reader.is_alive() and not got  # step 3 waits behind step 2's report
+    arrived.put(report(2))
+    reader.join(timeout=5)
+    assert got[0][0]["step"] == 2 and got[0][1] == "ckpt"
+    assert next(passed)[0]["step"] == 3
+
+
+def test_a_restarted_worker_group_replays_from_its_checkpoint_and_no_step_is_passed_on_twice():
+    # Checkpoint at 2; the first workers die after sending loop 3 and milestone 4, whose report
+    # never reached Ray Train. The restarted group goes on from step 2's checkpoint.
+    items = [loop(1), loop(2, milestone=True), report(2), loop(3, attempt=1), loop(4, milestone=True),
+             loop(3, attempt=2), loop(4, milestone=True), loop(5), report(4)]
+    assert [(step, source) for step, source, _ in stream(*items)] == [(1, "loop"), (2, "ray"), (3, "loop"),
+                                                                       (4, "ray"), (5, "loop")]
+
+
+def test_a_step_trained_again_replaces_the_one_not_yet_passed_on():
+    arrived = queue.Queue()
+    for item in [loop(1, milestone=True), loop(2, attempt=1), loop(2, attempt=2), report(1), RunEnded()]:
+        arrived.put(item)
+    assert [m.get("attempt") for m, _ in in_step_order(arrived)] == [None, 2]
+
+
+def test_a_run_that_ends_before_a_milestones_report_still_passes_on_its_loops():
+    assert stream(loop(1), loop(2, milestone=True), loop(3)) == [(1, "loop", None), (2, "loop", None),
+                                                                 (3, "loop", None)]
+
+
+@pytest.fixture(scope="module")
+def ray_queue():
+    """A real Ray queue on a small local cluster of this test module's own."""
+    import ray
+    from ray.util.queue import Queue
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        yield lambda: Queue(actor_options={"num_cpus": 0})
+    finally:
+        ray.shutdown()
+
+
+def test_the_sender_delivers_in_order_and_flush_returns_once_all_is_on_the_queue(ray_queue):
+    reports = ray_queue()
+    sender = LoopSender(reports)
+    for step in range(1, 51):
+        sender.send(loop(step))  # a put on a local queue: the training thread never waits for Ray
+    sender.flush()
+    assert reports.qsize() == 50  # nothing still on its way
+    assert [reports.get().step for _ in range(50)] == list(range(1, 51))
+
+
+def test_the_sender_says_at_flush_that_the_queue_is_gone(ray_queue):
+    import ray
+
+    reports = ray_queue()
+    ray.kill(reports.actor)  # its owner's process died
+    sender = LoopSender(reports)
+    sender.send(loop(1))
+    with pytest.raises(RuntimeError, match="^the run's report queue is gone: "):
+        sender.flush()
