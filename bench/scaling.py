@@ -27,7 +27,7 @@ def workers(args) -> None:
     rates = {}
     for count, overrides in layouts.items():
         config = bench_config(windows, steps_per_loop, args.smoke, overrides)
-        rates[count] = span_rate(under_ray_train(config), config.train.batch_size)
+        rates[count] = span_rate(under_ray_train(config), config.train.batch_size).wall
     rows = [["workers", "CPUs each", "images/s", "vs 1 worker"]]
     rows += [[count, layouts[count][-1].split("=")[1], rate, rate / rates[1]] for count, rate in rates.items()]
     record("scaling_cpu", Entry(
@@ -41,14 +41,14 @@ def workers(args) -> None:
 
 
 def gpu(args) -> None:
-    size, batch, windows = (64, 2, 3) if args.smoke else (640, args.batch_size, args.windows)
+    size, batch, windows = (128, 2, 3) if args.smoke else (640, args.batch_size, args.windows)
     overrides = ["model.backbone=resnet50", f"model.image_size={size}", f"data.train.image_size={size}",
                  f"train.batch_size={batch}", "model.max_level=7", "model.head_conv_layers=4"]
     rates = {}
     for policy in ("float32", "mixed_float16"):  # detsweep's loop, each in a process of its own
-        run = argparse.Namespace(windows=windows, steps_per_loop=2 if args.smoke else 10, smoke=False,
-                                 overrides=[*overrides, f"train.mixed_precision={policy}"], batch_size=batch)
-        rates[policy] = run_contender("loop", fast_allocator(), run)
+        run = argparse.Namespace(smoke=False, overrides=[*overrides, f"train.mixed_precision={policy}"],
+                                 batch_size=batch)
+        rates[policy] = run_contender("loop", fast_allocator(), run, windows, 2 if args.smoke else 10).wall
     speedup = rates["mixed_float16"] / rates["float32"]
     record("scaling_gpu", Entry(
         title="One GPU: RetinaNet ResNet-50 at 640 px, float32 vs mixed_float16 (bench/scaling.py --gpu)",

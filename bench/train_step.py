@@ -74,17 +74,16 @@ def keras_fit(config) -> list[tuple[int, float]]:
     return marks
 
 
-def mark(metrics: dict) -> tuple[int, float, float]:
-    """A loop's ``(step, when it arrived, the worker's own compute-only images/s)``."""
-    return int(metrics["step"]), time.time(), metrics["train/images_per_sec"]
-
-
 def own_loop(config) -> list[tuple[int, float, float]]:
     """detsweep's loop in this process, as a Ray Train worker runs it."""
     from detsweep.train import run_training
 
     marks = []
-    run_training(config, lambda metrics, checkpoint, milestone: marks.append(mark(metrics)))
+
+    def mark(metrics: dict, checkpoint, milestone: bool) -> None:  # (step, loop end, compute-only images/s)
+        marks.append((int(metrics["step"]), time.time(), metrics["train/images_per_sec"]))
+
+    run_training(config, mark)
     return marks
 
 
@@ -112,18 +111,19 @@ def loop_beside_ray(config) -> list[tuple[int, float]]:
 
 def under_ray_train(config) -> list[tuple[int, float, float]]:
     """detsweep's loop in a Ray Train worker, as ``detsweep train`` runs it; each loop timed
-    where the driver receives its report."""
+    when it ended, by the worker's clock (a driver reading the queue late changes nothing)."""
+    from ray.util.queue import Queue
+
     from detsweep.cluster import connect
-    from detsweep.trainables.trainer import stream_training
+    from detsweep.trainables.channel import LoopMetrics
+    from detsweep.trainables.trainer import make_trainer
 
     connect(None)
-    marks = []
+    reports = Queue(actor_options={"num_cpus": 0})
     with tempfile.TemporaryDirectory() as storage:
-        error = stream_training(config, "bench-train-step", storage,
-                                lambda metrics, checkpoint: marks.append(mark(metrics)))
-    if error:
-        raise SystemExit(f"training under Ray Train failed: {error}")
-    return marks
+        make_trainer(config, "bench-train-step", reports, storage).fit()
+    loops = [item for item in (reports.get() for _ in range(reports.qsize())) if isinstance(item, LoopMetrics)]
+    return [(loop.step, loop.at, loop.metrics["train/images_per_sec"]) for loop in loops]
 
 
 CONTENDERS = {  # name → (function, how many windows to leave out at the start)

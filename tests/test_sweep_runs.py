@@ -216,15 +216,15 @@ def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
     """Mid-trial, the MLflow server goes away for 30 s and the training worker is killed.
     Ray Train restarts the worker from its checkpoint and the trial ends at exactly
     num_steps; what the trial logged while the server was away arrives once it is back;
-    the trial keeps one MLflow run with every loop (2 steps, most of them past Ray Train,
-    down the report channel) once, in order."""
+    the trial keeps one MLflow run with every loop once, in order: loops of 2 steps, most of
+    them past Ray Train (which polls its workers only every 10 s here) down the report channel."""
     sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n", num_steps=40, every=10,
                        loop=2, scaling="{max_failures: 1}")
     port = free_port()
     with mlflow_server(tmp_path, port=port) as uri:
         launch = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--json", "--no-register"],
                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+                                  env={**os.environ, "MLFLOW_TRACKING_URI": uri, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
         assert wait_for_train_metric(uri) < 40
     down_at = time.monotonic()  # the server is stopped; the trial trains on
     killed = wait_and_kill_worker(tmp_path / "ray")

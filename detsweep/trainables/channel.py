@@ -38,6 +38,7 @@ class LoopMetrics:
     step: int
     metrics: dict[str, Any]
     milestone: bool
+    at: float = 0.0  # when the loop ended, by rank 0's clock (time.time())
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from pathlib import Path
 
 import ray.train
@@ -41,7 +42,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     def report(metrics: dict, checkpoint_dir: Path | None, milestone: bool) -> None:
         if sender:
-            sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone))
+            sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone, time.time()))
         if not milestone:
             return
         if sender:  # every loop before this checkpoint is delivered: a restart from it loses none
