@@ -217,6 +217,23 @@ def test_the_worker_trains_on_between_ray_trains_polls_and_every_loop_arrives_on
     assert flow["in_order"] == [[step, step in (15, 30)] for step in range(1, 31)]
 
 
+def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it():
+    """Four good loops of one step, then a learning rate of 1e12: the process says why it
+    failed, and each loop before the failure still reached the driver (none is left behind in
+    the worker's sender when its training raises)."""
+    result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
+                     "--set", "train.num_steps=12", "--set", "train.steps_per_loop=1", "--set", "train.eval_every=12",
+                     "--set", "train.checkpoint_every=12",
+                     "--set", "scaling.max_failures=0",  # one attempt: no restart to replay the loops
+                     "--set", "optimizer.learning_rate={type: manual_step, initial_learning_rate: 0.01, "
+                                  "schedule: [{step: 4, learning_rate: 1.0e+12}]}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    # The reason names the global step at which the loss was not finite: the steps before it trained.
+    trained = int(re.search(r"loss is NaN/Inf at step (\d+)", result.stderr)[1])
+    assert trained >= 4
+    assert [int(m[1]) for m in LINE.finditer(result.stdout)] == list(range(1, trained + 1))
+
+
 def test_mixed_float16_trains_with_dynamic_loss_scaling():
     import keras
 

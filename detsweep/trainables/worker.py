@@ -52,9 +52,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     if latest is None and loop_config.get("restore_from"):
         latest = ray.train.Checkpoint(loop_config["restore_from"])
-    with latest.as_directory() if latest else contextlib.nullcontext() as restore_from:
-        context = WorkerContext(rank=rank, restore_from=Path(restore_from) if restore_from else None,
-                                pictures=loop_config.get("pictures", False), startup=startup)
-        run_training(config, report, context)
-    if sender:
-        sender.flush()
+    try:
+        with latest.as_directory() if latest else contextlib.nullcontext() as restore_from:
+            context = WorkerContext(rank=rank, restore_from=Path(restore_from) if restore_from else None,
+                                    pictures=loop_config.get("pictures", False), startup=startup)
+            run_training(config, report, context)
+    finally:
+        if sender:  # a failed training's loops, too, reach the run before its error does
+            sender.flush()
