@@ -80,7 +80,7 @@ def own_loop(config) -> list[tuple[int, float, float]]:
 
     marks = []
 
-    def mark(metrics: dict, checkpoint, milestone: bool) -> None:  # (step, loop end, compute-only images/s)
+    def mark(metrics: dict, checkpoint, milestone) -> None:  # (step, loop end, compute-only images/s)
         marks.append((int(metrics["step"]), time.time(), metrics["train/images_per_sec"]))
 
     run_training(config, mark)

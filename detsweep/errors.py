@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -38,3 +39,23 @@ def stderr_held_back() -> Iterator[None]:
             os.close(saved)
             held.seek(0)
             os.write(2, held.read())
+
+
+def failure_reason(failure: BaseException) -> str:
+    """The innermost error of a failed run, as one line (e.g. ``loss is NaN/Inf at step 12``):
+    the wrappers Ray puts around a worker's exception (``WorkerGroupError: module.Error: …``) are
+    dropped, and the exception's name is kept only when its message alone would not say much."""
+    cause = failure
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    lines = str(cause).strip().splitlines()
+    text = lines[-1] if lines else ""
+    names = [type(cause).__name__]
+    while match := _EXCEPTION_PREFIX.match(text):
+        names.append(match[1].rsplit(".", 1)[-1])
+        text = text[match.end():]
+    return text if names[-1] in _SELF_EXPLAINING else f"{names[-1]}: {text}"
+
+
+_EXCEPTION_PREFIX = re.compile(r"([\w.]*(?:Error|Exception|Diverged|Failed)):\s*")
+_SELF_EXPLAINING = {"TrainingDiverged", "DetsweepError"}

@@ -1,6 +1,6 @@
 """Run by ``tests/test_train.py`` in a process of its own (a Ray cluster of its own, started
 with the caller's environment): one training through Ray Train, with every item that reached
-the run's report queue, in the order it arrived, and how many had arrived at each of Ray
+the run's report queue (loops, Ray Train's reports, evaluations), in the order it arrived, and how many had arrived at each of Ray
 Train's polls of its workers. Prints them as one JSON object.
 
     python -m tests.report_flow --set train.steps_per_loop=1 ...
@@ -18,7 +18,7 @@ from ray.util.queue import Queue
 
 from detsweep.cluster import connect
 from detsweep.config import load_trial_config
-from detsweep.trainables.channel import LoopMetrics, RayReport, RunEnded, in_step_order
+from detsweep.trainables.channel import Evaluation, LoopMetrics, RayReport, RunEnded, in_step_order
 from detsweep.trainables.trainer import make_trainer
 
 from .conftest import REPO
@@ -36,7 +36,9 @@ class CountAtPolls(WorkerGroupCallback):
 
 def describe(item) -> list:
     if isinstance(item, LoopMetrics):
-        return ["loop", item.step, item.milestone]
+        return ["loop", item.step, item.milestone, item.at]
+    if isinstance(item, Evaluation):  # train.evaluation: async
+        return ["evaluation", item.step, item.started, item.ended]
     assert isinstance(item, RayReport), item
     return ["report", item.step, item.checkpoint is not None]
 
@@ -56,7 +58,8 @@ def main() -> None:
     print(json.dumps({
         "arrived": [describe(item) for item in arrived],
         "at_polls": [counts.get() for _ in range(counts.qsize())],
-        "in_order": [[metrics["step"], checkpoint is not None] for metrics, checkpoint in in_step_order(replay)],
+        "in_order": [[metrics["step"], checkpoint is not None, "eval/AP" in metrics]
+                     for metrics, checkpoint in in_step_order(replay)],
     }))
 
 

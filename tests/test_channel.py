@@ -7,11 +7,13 @@ import threading
 
 import pytest
 
-from detsweep.trainables.channel import LoopMetrics, LoopSender, RayReport, RunEnded, in_step_order
+from detsweep.trainables.channel import (Evaluation, EvaluationError, EvaluationFailed, LoopMetrics, LoopSender,
+                                         RayReport, RunEnded, in_step_order)
 
 
-def loop(step: int, milestone: bool = False, **metrics) -> LoopMetrics:
-    return LoopMetrics(step, {"step": step, "source": "loop", **metrics}, milestone)
+def loop(step: int, milestone: bool = False, elsewhere: bool = False, **metrics) -> LoopMetrics:
+    return LoopMetrics(step, {"step": step, "source": "loop", **metrics}, milestone or elsewhere,
+                       evaluated_elsewhere=elsewhere)
 
 
 def report(step: int, checkpoint: str | None = "ckpt") -> RayReport:
@@ -69,6 +71,67 @@ def test_a_step_trained_again_replaces_the_one_not_yet_passed_on():
 def test_a_run_that_ends_before_a_milestones_report_still_passes_on_its_loops():
     assert stream(loop(1), loop(2, milestone=True), loop(3)) == [(1, "loop", None), (2, "loop", None),
                                                                  (3, "loop", None)]
+
+
+def evaluation(step: int) -> Evaluation:
+    return Evaluation(step, {"eval/AP": step / 100})
+
+
+def test_an_evaluation_elsewhere_joins_its_checkpoints_step_and_the_loops_after_it_wait_for_it():
+    # Rank 0 trains steps 3 and 4 while the task evaluates step 2's checkpoint.
+    arrived = queue.Queue()
+    settled = []
+    for item in [loop(1), loop(2, elsewhere=True), report(2), loop(3), loop(4), evaluation(2), RunEnded()]:
+        arrived.put(item)
+    passed = [(m["step"], m.get("eval/AP"), m["source"], checkpoint)
+              for m, checkpoint in in_step_order(arrived, settled.append)]
+    assert passed == [(1, None, "loop", None), (2, 0.02, "ray", "ckpt"), (3, None, "loop", None),
+                      (4, None, "loop", None)]
+    assert settled == [2]
+
+
+def test_a_step_waits_for_its_evaluation_even_when_its_report_is_there():
+    arrived = queue.Queue()
+    passed = in_step_order(arrived)
+    for item in [loop(1, elsewhere=True), report(1), loop(2)]:
+        arrived.put(item)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(next(passed)))
+    reader.start()
+    reader.join(timeout=0.5)
+    assert reader.is_alive() and not got
+    arrived.put(evaluation(1))
+    reader.join(timeout=5)
+    assert got[0][0]["eval/AP"] == 0.01 and got[0][0]["source"] == "ray"
+
+
+def test_settled_is_called_once_the_consumer_is_done_with_the_evaluated_step():
+    arrived = queue.Queue()
+    settled = []
+    for item in [loop(1, elsewhere=True), report(1), evaluation(1), RunEnded()]:
+        arrived.put(item)
+    passed = in_step_order(arrived, settled.append)
+    next(passed)
+    assert settled == []  # the consumer holds step 1: its checkpoint must stay
+    assert list(passed) == [] and settled == [1]
+
+
+def test_a_replayed_evaluation_of_a_step_passed_on_is_dropped_but_settled():
+    settled = []
+    arrived = queue.Queue()
+    for item in [loop(1, elsewhere=True), report(1), evaluation(1), loop(1, elsewhere=True), report(1),
+                 evaluation(1), RunEnded()]:
+        arrived.put(item)
+    assert [m["step"] for m, _ in in_step_order(arrived, settled.append)] == [1]
+    assert settled == [1, 1]
+
+
+def test_a_failed_evaluation_ends_the_stream_with_its_reason():
+    arrived = queue.Queue()
+    for item in [loop(1, elsewhere=True), report(1), EvaluationFailed(1, "val.record: no such file")]:
+        arrived.put(item)
+    with pytest.raises(EvaluationError, match="the evaluation of step 1 failed: val.record: no such file"):
+        list(in_step_order(arrived))
 
 
 @pytest.fixture(scope="module")

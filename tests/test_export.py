@@ -46,7 +46,7 @@ TRAINING = [
 def checkpoint(tmp_path_factory) -> Path:
     kept = tmp_path_factory.mktemp("training") / "checkpoint"
 
-    def keep(metrics: dict, directory: Path | None, milestone: bool) -> None:
+    def keep(metrics: dict, directory: Path | None, milestone) -> None:
         if directory is not None:  # it exists only during the call
             shutil.copytree(directory, kept)
 

@@ -208,13 +208,36 @@ def test_the_worker_trains_on_between_ray_trains_polls_and_every_loop_arrives_on
         env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
     assert result.returncode == 0, result.stderr[-3000:]
     flow = json.loads(result.stdout.strip().splitlines()[-1])
-    loops = [(step, milestone) for kind, step, milestone in flow["arrived"] if kind == "loop"]
+    loops = [(step, milestone) for kind, step, milestone, *_ in flow["arrived"] if kind == "loop"]
     assert loops == [(step, step in (15, 30)) for step in range(1, 31)]  # each once, in order, from rank 0
-    reports = [(step, saved) for kind, step, saved in flow["arrived"] if kind == "report"]
+    reports = [(step, saved) for kind, step, saved, *_ in flow["arrived"] if kind == "report"]
     assert reports == [(15, True), (30, True)]
     arrived_per_poll = [later - earlier for earlier, later in zip(flow["at_polls"], flow["at_polls"][1:])]
     assert max(arrived_per_poll) >= 6, flow["at_polls"]  # at most 2 (a loop and a report) if it waited
-    assert flow["in_order"] == [[step, step in (15, 30)] for step in range(1, 31)]
+    assert flow["in_order"] == [[step, step in (15, 30), step in (15, 30)] for step in range(1, 31)]
+
+
+def test_async_evaluation_runs_beside_training_and_its_metrics_join_their_checkpoints_steps():
+    """``train.evaluation: async``: each evaluation step saves a checkpoint, which a Ray task of
+    its own evaluates while rank 0 trains on; loops reach the driver while an evaluation runs
+    (counted by the loops' and the task's clocks on this one machine, not timed), and each
+    evaluation's metrics join its checkpoint's step in the merged stream."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
+         "--set", "train.steps_per_loop=1", "--set", "train.eval_every=10", "--set", "train.checkpoint_every=0",
+         "--set", "train.evaluation=async"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    flow = json.loads(result.stdout.strip().splitlines()[-1])
+    loops = {item[1]: item[3] for item in flow["arrived"] if item[0] == "loop"}
+    assert sorted(loops) == list(range(1, 31))
+    evaluations = [tuple(item[1:]) for item in flow["arrived"] if item[0] == "evaluation"]
+    assert [step for step, *_ in evaluations] == [10, 20, 30]
+    assert [(step, saved) for kind, step, saved, *_ in flow["arrived"] if kind == "report"] == [
+        (10, True), (20, True), (30, True)]  # every evaluation step checkpointed, though checkpoint_every is 0
+    during = [sum(started < loops[later] < ended for later in loops if later > step) for step, started, ended in evaluations]
+    assert during[0] + during[1] >= 2, (during, evaluations)  # training did not pause for them
+    assert flow["in_order"] == [[step, step % 10 == 0, step % 10 == 0] for step in range(1, 31)]
 
 
 def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it():
@@ -246,3 +269,24 @@ def test_mixed_float16_trains_with_dynamic_loss_scaling():
         keras.mixed_precision.set_global_policy("float32")
     final = recorder.reports[-1]
     assert final["step"] == 10 and np.isfinite(final["train/loss"])
+
+
+def test_an_async_evaluation_that_fails_puts_its_reason_on_the_runs_queue(tmp_path):
+    """The evaluation task, in this process: a checkpoint it cannot read is the run's failure,
+    with the step and the one-line reason, before Ray Train hears of the task's error."""
+    import queue
+
+    import ray.train
+
+    from detsweep.trainables.channel import EvaluationFailed
+    from detsweep.trainables.evaluator import evaluate_reported
+
+    (tmp_path / "meta.json").write_text(json.dumps({"step": 40, "categories": []}))
+    reports = queue.Queue()
+    with pytest.raises(Exception, match="not a detsweep checkpoint"):
+        evaluate_reported(ray.train.Checkpoint.from_directory(str(tmp_path)), reports=reports, settled=None,
+                          pictures=False, cpus=1)
+    failed = reports.get_nowait()
+    assert isinstance(failed, EvaluationFailed) and failed.step == 40
+    assert failed.reason == f"{tmp_path}: not a detsweep checkpoint (expected config.yaml and ckpt.index)"
+    assert reports.empty()

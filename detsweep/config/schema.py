@@ -279,6 +279,10 @@ class TrainConfig(Section):
     steps_per_loop: PosInt = 10
     eval_every: NonNegInt = Field(0, description="0: evaluate only at the end")
     checkpoint_every: NonNegInt = Field(0, description="0: checkpoint only at the end")
+    evaluation: Literal["inline", "async"] = Field(
+        "inline", description="inline: rank 0 evaluates between loops while the other workers wait; "
+                              "async: each evaluation step saves a checkpoint that a Ray task evaluates "
+                              "(one worker's resources) while training goes on")
     mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
     gradient_clipping_by_norm: NonNegFloat = Field(0.0, description="0: no clipping (as in the OD API)")
     seed: int = 0

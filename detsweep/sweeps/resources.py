@@ -11,9 +11,11 @@ TRIAL_DRIVER = {"CPU": 0, "memory": 64 * 1024**2}
 
 
 def trials_at_once(sweep: Sweep, cpus: float, gpus: float) -> int:
-    """How many trials the cluster fits side by side, from each trial's Ray Train workers."""
+    """How many trials the cluster fits side by side, from each trial's Ray Train workers and,
+    with ``train.evaluation: async``, its evaluation task (one worker's resources)."""
     scaling = sweep.base.scaling
-    fits = [(cpus + 1e-9) // (scaling.num_workers * scaling.cpus_per_worker)]
+    workers = scaling.num_workers + (sweep.base.train.evaluation == "async")
+    fits = [(cpus + 1e-9) // (workers * scaling.cpus_per_worker)]
     if scaling.use_gpu and scaling.gpus_per_worker:
-        fits.append(gpus // (scaling.num_workers * scaling.gpus_per_worker))
+        fits.append(gpus // (workers * scaling.gpus_per_worker))
     return max(0, int(min(fits)))

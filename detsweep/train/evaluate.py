@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from pathlib import Path
 
 import keras
 import tensorflow as tf
@@ -79,10 +80,10 @@ def is_due(step: int, every: int, last_step: int) -> bool:
     return step == last_step or (every > 0 and step % every == 0)
 
 
-
-
-def evaluate_checkpoint(directory: str, overrides: list[str] = ()) -> dict[str, float]:
-    """``detsweep eval --checkpoint``: the saved model (and its average) on its config's val set."""
+def evaluate_checkpoint(directory: str | Path, overrides: list[str] = (), verify: bool = True,
+                        picture: bool = False) -> dict[str, float]:
+    """The saved model (and its average) on its config's val set: ``detsweep eval --checkpoint``,
+    and an evaluation off the training path (whose val set the driver verified already)."""
     from detsweep.data import load_dataset
     from detsweep.errors import DetsweepError
 
@@ -91,6 +92,6 @@ def evaluate_checkpoint(directory: str, overrides: list[str] = ()) -> dict[str, 
     trained = load_trained_model(directory, overrides)
     if trained.config.data.val is None:
         raise DetsweepError(f"{directory}: the checkpoint's config has no data.val; give one with --set data.val.…")
-    val_set = load_dataset(trained.config.data.val, verify=True)
+    val_set = load_dataset(trained.config.data.val, verify=verify)
     evaluator = Evaluator(trained.model, val_set, InputSpec(trained.config.model.image_size), batch_size=8)
-    return {"step": trained.step, **evaluator.evaluate_with_average(trained.moving_average)}
+    return {"step": trained.step, **evaluator.evaluate_with_average(trained.moving_average, picture=picture)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import enum
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,10 +27,17 @@ from .step import make_train_loop
 from .strategy import make_strategy, use_worker_cpus
 from .warm_start import restore_what_fits
 
+class Milestone(enum.Enum):
+    """What a loop ended in. The same on every worker, so workers can meet there (Ray Train's report)."""
+
+    NONE = "none"  # an ordinary loop
+    REPORT = "report"  # an inline evaluation, a checkpoint, or both
+    EVALUATE = "evaluate"  # a checkpoint whose evaluation is the reporter's to start (train.evaluation: async)
+
+
 # report(metrics, checkpoint_dir, milestone), after every loop. The directory exists only
-# during the call: copy what you keep. ``milestone``: the loop ended in an evaluation or a
-# checkpoint; it is the same on every worker, so workers can meet there (Ray Train's report).
-Reporter = Callable[[dict[str, float], "Path | None", bool], None]
+# during the call: copy what you keep.
+Reporter = Callable[[dict[str, float], "Path | None", Milestone], None]
 
 
 class TrainingDiverged(RuntimeError):
@@ -78,8 +86,10 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
 
     batches = iter(strategy.distribute_datasets_from_function(input_fn))
     train_loop = make_train_loop(strategy, model, losses, optimizer, moving_average, state.step)
-    # Only rank 0 evaluates; the others wait for it at their next collective (a step, or the report).
-    evaluator = Evaluator(model, val_set, spec, batch_size=8) if val_set and context.rank == 0 else None
+    # Inline, only rank 0 evaluates; the others wait for it at their next collective (a step, or
+    # the report). Async, each evaluation is of a checkpoint, elsewhere, and nobody waits.
+    inline = train.evaluation == "inline"
+    evaluator = Evaluator(model, val_set, spec, batch_size=8) if val_set and inline and context.rank == 0 else None
     schedule = build_schedule(config.optimizer.learning_rate)
     metrics: dict[str, float] = {}
 
@@ -109,9 +119,14 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         evaluation_due = val_set is not None and is_due(step, train.eval_every, train.num_steps)
         if evaluator and evaluation_due:
             metrics.update(evaluator.evaluate_with_average(moving_average, picture=context.pictures))
-        if is_due(step, train.checkpoint_every, train.num_steps):
-            with tempfile.TemporaryDirectory(prefix="detsweep-ckpt-") as scratch:
-                report(metrics, state.save(Path(scratch), config, train_set.categories), True)
+        checkpoint_due = is_due(step, train.checkpoint_every, train.num_steps)
+        if evaluation_due and not inline:  # evaluated elsewhere, from a checkpoint of this step
+            milestone, checkpoint_due = Milestone.EVALUATE, True
         else:
-            report(metrics, None, evaluation_due)
+            milestone = Milestone.REPORT if evaluation_due or checkpoint_due else Milestone.NONE
+        if checkpoint_due:
+            with tempfile.TemporaryDirectory(prefix="detsweep-ckpt-") as scratch:
+                report(metrics, state.save(Path(scratch), config, train_set.categories), milestone)
+        else:
+            report(metrics, None, milestone)
     return metrics

@@ -16,14 +16,18 @@ Ray ``Queue``, an actor that process owns:
 - Ray Train's controller puts every report it receives on the same queue
   (:class:`ForwardReports`), and :func:`in_step_order` merges the two: each step once, in
   order, a milestone as Ray Train's report of it with its checkpoint, so Tune and fault
-  tolerance see exactly what they saw when every loop went through Ray Train.
+  tolerance see exactly what they saw when every loop went through Ray Train;
+- with ``train.evaluation: async`` a milestone's checkpoint is evaluated by a Ray task of its
+  own (Ray Train's ``ValidationConfig``, :mod:`.evaluator`), which puts the metrics on the same
+  queue; the merge adds them to the milestone's report, so Tune, MLflow and the progress lines
+  see them at the checkpoint's step, as if the workers had evaluated inline.
 """
 
 from __future__ import annotations
 
 import queue as local
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,12 +37,14 @@ from ray.util.queue import Queue
 
 @dataclass(frozen=True)
 class LoopMetrics:
-    """One loop's metrics, from rank 0; ``milestone``: Ray Train gets a report of this step too."""
+    """One loop's metrics, from rank 0; ``milestone``: Ray Train gets a report of this step too;
+    ``evaluated_elsewhere``: and an evaluation task gets its checkpoint."""
 
     step: int
     metrics: dict[str, Any]
     milestone: bool
     at: float = 0.0  # when the loop ended, by rank 0's clock (time.time())
+    evaluated_elsewhere: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,26 @@ class RayReport:
     step: int
     metrics: dict[str, Any]
     checkpoint: ray.train.Checkpoint | None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The metrics of a checkpoint evaluated off the training path, and when that ran (time.time())."""
+
+    step: int
+    metrics: dict[str, Any]
+    started: float = 0.0
+    ended: float = 0.0
+
+
+@dataclass(frozen=True)
+class EvaluationFailed:
+    step: int
+    reason: str
+
+
+class EvaluationError(RuntimeError):
+    """An evaluation off the training path failed: the run has no score at that step."""
 
 
 @dataclass(frozen=True)
@@ -95,28 +121,47 @@ class LoopSender:
                 self.pending.task_done()
 
 
-def in_step_order(reports: Queue) -> Iterator[tuple[dict[str, Any], ray.train.Checkpoint | None]]:
+def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: None
+                  ) -> Iterator[tuple[dict[str, Any], ray.train.Checkpoint | None]]:
     """Every step's metrics once, in step order, until the run ends: a loop's own metrics, or
-    for a milestone Ray Train's report of it with its checkpoint (the loops after a milestone
-    wait here, never in the worker, until its report arrives). A step trained again after a
-    restart replaces one not yet passed on; one already passed on is dropped."""
+    for a milestone Ray Train's report of it with its checkpoint, and the evaluation of that
+    checkpoint when it ran elsewhere (the loops after a milestone wait here, never in the
+    worker, until all of it arrived). A step trained again after a restart replaces one not
+    yet passed on; one already passed on is dropped. ``settled(step)`` is called once an
+    evaluated step was passed on (and its consumer returned) or dropped: only then may Ray
+    Train delete that checkpoint. Raises :class:`EvaluationError` when an evaluation failed."""
     loops: dict[int, LoopMetrics] = {}
     received: dict[int, RayReport] = {}
+    evaluations: dict[int, Evaluation] = {}
     passed = -1
     ended = False
     while not ended:
         item = reports.get()
         if isinstance(item, RunEnded):
             ended = True
+        elif isinstance(item, EvaluationFailed):
+            raise EvaluationError(f"the evaluation of step {item.step} failed: {item.reason}")
+        elif isinstance(item, Evaluation):
+            evaluations[item.step] = item
         elif isinstance(item, RayReport):
             received[item.step] = item
         else:
             loops[item.step] = item
-        for step in sorted(loops.keys() | received.keys()):
-            loop, report = loops.get(step), received.get(step)
-            if loop is not None and loop.milestone and report is None and not ended:
-                break  # its report, with the checkpoint, is on the way through Ray Train
-            loops.pop(step, None), received.pop(step, None)
+        for step in sorted(loops.keys() | received.keys() | evaluations.keys()):
+            loop, report, evaluation = loops.get(step), received.get(step), evaluations.get(step)
+            if not ended and _incomplete(loop, report, evaluation):
+                break  # its report (with the checkpoint) or its evaluation is on the way
+            loops.pop(step, None), received.pop(step, None), evaluations.pop(step, None)
             if step > passed:
                 passed = step
-                yield (report.metrics, report.checkpoint) if report else (loop.metrics, None)
+                source = report or loop
+                metrics = source.metrics if source else {"step": step}
+                yield {**metrics, **evaluation.metrics} if evaluation else metrics, report.checkpoint if report else None
+            if evaluation is not None:
+                settled(step)
+
+
+def _incomplete(loop: LoopMetrics | None, report: RayReport | None, evaluation: Evaluation | None) -> bool:
+    if loop is None:  # rank 0 sends a loop before its report; an evaluation comes after both
+        return report is None
+    return (loop.milestone and report is None) or (loop.evaluated_elsewhere and evaluation is None)

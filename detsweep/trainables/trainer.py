@@ -3,7 +3,6 @@ tolerance, checkpoints; and one training streamed to the process that asked for 
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,9 +13,11 @@ from ray.util.queue import Queue
 
 from detsweep.cluster import connect
 from detsweep.config import ScalingConfig, TrialConfig
+from detsweep.errors import failure_reason
 from detsweep.startup import StartupClock
 
-from .channel import ForwardReports, RunEnded, in_step_order
+from .channel import EvaluationError, ForwardReports, RunEnded, in_step_order
+from .evaluator import evaluation_task
 from .tf_config import TensorflowWorkers
 from .worker import train_loop_per_worker
 
@@ -64,8 +65,10 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
 
 def make_trainer(config: TrialConfig, name: str, reports: Queue, storage_path: str | None = None,
                  restore_from: str | None = None, pictures: bool = False,
-                 startup: StartupClock | None = None, callbacks: Sequence = ()) -> DataParallelTrainer:
+                 startup: StartupClock | None = None, callbacks: Sequence = (),
+                 settled: Queue | None = None) -> DataParallelTrainer:
     """``reports``: the queue this process reads the run's reports from (:mod:`.channel`);
+    ``settled``: where it says it passed an evaluated step on (``train.evaluation: async``);
     ``restore_from``: a checkpoint to start from when Ray Train has none of its own yet;
     ``pictures``: rank 0 draws its detections at every evaluation; ``startup``: the run's clock,
     started when the run was asked for; ``callbacks``: more of Ray Train's, in its controller.
@@ -81,6 +84,8 @@ def make_trainer(config: TrialConfig, name: str, reports: Queue, storage_path: s
         train_loop_config=loop_config,
         backend_config=TensorflowWorkers(),
         scaling_config=ray_scaling(config.scaling),
+        validation_config=(evaluation_task(config.scaling, reports, settled, pictures)
+                           if config.train.evaluation == "async" else None),
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage_path,
@@ -118,8 +123,9 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
     order, in this thread, with the checkpoint where a loop saved one; returns why training
     failed, or None. The workers never wait for this process (:mod:`.channel`)."""
     reports = Queue(actor_options={"num_cpus": 0})
+    settled = Queue(actor_options={"num_cpus": 0}) if config.train.evaluation == "async" else None
     trainer = make_trainer(config, name, reports, storage_path, restore_from=restore_from, pictures=pictures,
-                           startup=startup)
+                           startup=startup, settled=settled)
     failure: list[BaseException] = []
 
     def fit() -> None:
@@ -131,8 +137,11 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
             reports.put(RunEnded())
 
     threading.Thread(target=fit, name="detsweep-fit", daemon=True).start()
-    for metrics, checkpoint in in_step_order(reports):
-        on_report(metrics, checkpoint)
+    try:
+        for metrics, checkpoint in in_step_order(reports, settled.put if settled is not None else lambda step: None):
+            on_report(metrics, checkpoint)
+    except EvaluationError as error:  # the run has no score at that step: it cannot go on
+        return str(error)
     return failure_reason(failure[0]) if failure else None
 
 
@@ -156,23 +165,3 @@ def run_train(config: TrialConfig, name: str, address: str | None = None, storag
         return TrainOutcome(steps=0, metrics={}, checkpoint=None, error=error)
     metrics = last["metrics"]
     return TrainOutcome(steps=int(metrics.get("step", 0)), metrics=metrics, checkpoint=last["checkpoint"])
-
-
-def failure_reason(failure: BaseException) -> str:
-    """The innermost error of a failed run, as one line (e.g. ``loss is NaN/Inf at step 12``):
-    the wrappers Ray puts around a worker's exception (``WorkerGroupError: module.Error: …``) are
-    dropped, and the exception's name is kept only when its message alone would not say much."""
-    cause = failure
-    while cause.__cause__ is not None:
-        cause = cause.__cause__
-    lines = str(cause).strip().splitlines()
-    text = lines[-1] if lines else ""
-    names = [type(cause).__name__]
-    while match := _EXCEPTION_PREFIX.match(text):
-        names.append(match[1].rsplit(".", 1)[-1])
-        text = text[match.end():]
-    return text if names[-1] in _SELF_EXPLAINING else f"{names[-1]}: {text}"
-
-
-_EXCEPTION_PREFIX = re.compile(r"([\w.]*(?:Error|Exception|Diverged|Failed)):\s*")
-_SELF_EXPLAINING = {"TrainingDiverged", "DetsweepError"}

@@ -32,7 +32,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # A worker group Ray Train restarted times its own start: the trial's began long before.
     startup = StartupClock.from_dict(loop_config["startup"]) if loop_config.get("startup") and not latest else StartupClock()
     startup.mark("workers")
-    from detsweep.train import WorkerContext, run_training  # TensorFlow loads in the worker only
+    from detsweep.train import Milestone, WorkerContext, run_training  # TensorFlow loads in the worker only
 
     startup.mark("imports")
     quiet_report_logging()
@@ -40,15 +40,18 @@ def train_loop_per_worker(loop_config: dict) -> None:
     rank = ray.train.get_context().get_world_rank()
     sender = LoopSender(loop_config["reports"]) if rank == 0 else None
 
-    def report(metrics: dict, checkpoint_dir: Path | None, milestone: bool) -> None:
+    def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone) -> None:
+        elsewhere = milestone is Milestone.EVALUATE
         if sender:
-            sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone, time.time()))
-        if not milestone:
+            sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone is not Milestone.NONE, time.time(),
+                                    evaluated_elsewhere=elsewhere))
+        if milestone is Milestone.NONE:
             return
         if sender:  # every loop before this checkpoint is delivered: a restart from it loses none
             sender.flush()
         checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir and rank == 0 else None
-        ray.train.report(metrics, checkpoint=checkpoint)
+        # Ray Train takes the validation request from the worker whose checkpoint it keeps: rank 0.
+        ray.train.report(metrics, checkpoint=checkpoint, validation=elsewhere and checkpoint is not None)
 
     if latest is None and loop_config.get("restore_from"):
         latest = ray.train.Checkpoint(loop_config["restore_from"])
