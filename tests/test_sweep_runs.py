@@ -122,6 +122,7 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tmp
     check_mlflow_ui(report, cwd=tmp_path, screenshot=tmp_path / "mlflow-ui.png")
 
 
+@pytest.mark.timeout(480)  # 2 min here; an evaluation whose step is never settled holds Ray Train 5 min
 def test_asha_decides_on_evaluations_that_ran_beside_training(tmp_path):
     """``train.evaluation: async``: a Ray task evaluates each checkpoint while the trial trains
     on, and Tune gets the scores at the checkpoint's step. One trial at a time (each takes both
