@@ -14,7 +14,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 demo: $(INSTALLED) tcmalloc
 	$(BIN)/detsweep launch sweeps/quickstart.yaml --set storage=$(CURDIR)/demo-out/ray
 
+# The layers and the lint first (seconds), then every test.
 test: $(INSTALLED) $(BROWSER) tcmalloc
+	$(BIN)/lint-imports
+	$(BIN)/ruff check detsweep tests bench
 	$(BIN)/python -m pytest
 
 # Every benchmark under bench/ (about two hours on 2 cores): bench/results.json and RESULTS.md.

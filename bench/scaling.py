@@ -9,9 +9,8 @@ images/s of RetinaNet with a ResNet-50 encoder at 640 px, float32 against ``mixe
 
 from __future__ import annotations
 
-import os
-
 import argparse
+import os
 
 from detsweep.cluster import fast_allocator
 

@@ -197,7 +197,7 @@ def train_command(args: argparse.Namespace) -> int:
     for line in check_data(config):
         print(line, file=sys.stderr)
     if config.train.fine_tune:
-        from detsweep.finetune import check_fit
+        from detsweep.trainables.trainer import check_fit
 
         check_fit(config, args.config)
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"

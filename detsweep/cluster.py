@@ -8,7 +8,6 @@ import os
 
 from detsweep.errors import DetsweepError
 
-
 # TensorFlow's CPU kernels allocate and free large buffers at every step; glibc's malloc hands
 # them back to the kernel and faults them in again. tcmalloc keeps them: the quickstart trains
 # 3-6 % faster with it, and more than twice as fast where TensorFlow copies tensors at every

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from detsweep.checkpoints import read_config_tree
 from detsweep.config import TrackingConfig, TrialConfig, read_trial_tree, validate
 from detsweep.config.loader import merge_trees, read_yaml_mapping, resolve_data_paths
-from detsweep.errors import DetsweepError, stderr_held_back
+from detsweep.errors import stderr_held_back
 from detsweep.tracking.backend import Backend, check_backend, resolve_backend
 from detsweep.tracking.source import CheckpointSource, fetched, resolve_source
 
@@ -46,9 +47,9 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
              progress: bool = True) -> dict[str, Any]:
     """Fine-tune once; returns the ``detsweep finetune --json`` object."""
     from detsweep.cluster import connect
-    from detsweep.trainables.trainer import check_data
-    from detsweep.trainables.trial import train_and_log
     from detsweep.tracking import trial_environment
+    from detsweep.trainables.trainer import check_data, check_fit
+    from detsweep.trainables.trial import train_and_log
 
     backend = backend_for(request)
     with stderr_held_back():  # an error below is one line, not TensorFlow's start-up or a progress bar
@@ -101,10 +102,9 @@ def backend_for(request: FineTuneRequest) -> Backend:
 
 def fine_tune_config(request: FineTuneRequest, source: CheckpointSource, backend: Backend) -> TrialConfig:
     """The source's as-run config ← the given config file ← ``--set``; ``train.fine_tune`` names the source."""
-    from detsweep.train.checkpoint import CONFIG_FILE
 
     with fetched(source, backend) as directory:
-        tree = read_yaml_mapping(directory / CONFIG_FILE)
+        tree = read_config_tree(directory)
     if request.config_path:
         given = read_trial_tree(request.config_path)
         resolve_data_paths(given, Path(request.config_path).parent)
@@ -112,24 +112,6 @@ def fine_tune_config(request: FineTuneRequest, source: CheckpointSource, backend
     tree.setdefault("train", {})["fine_tune"] = request.fine_tune_section(source)
     tree.setdefault("tracking", {})["uri"] = backend.uri  # the workers download the checkpoint from there
     return validate(TrialConfig, tree, request.config_path or f"the config of {request.source}", request.overrides)
-
-
-def check_fit(config: TrialConfig, where: str):
-    """Build the model and restore the checkpoint into it here, once, as the workers will
-    (the datasets were verified already: see ``check_data``)."""
-    from detsweep.data import load_dataset
-    from detsweep.train.warm_start import plan_warm_start
-
-    categories = load_dataset(config.data.train, verify=False).categories
-    with stderr_held_back():  # a checkpoint that does not fit: one line, not TensorFlow's start-up
-        plan = plan_warm_start(config, config.model.num_classes or len(categories))
-    if config.train.fine_tune.keep_optimizer_state and plan.step >= config.train.num_steps:
-        raise DetsweepError(f"{where}: train.num_steps: found {config.train.num_steps}, expected more than the "
-                            f"checkpoint's step {plan.step} (keep_optimizer_state goes on from there)")
-    print(f"fine-tune: {len(plan.restored)} weights restored, {len(plan.fresh)} fresh"
-          + (f" ({', '.join(plan.fresh)})" if plan.fresh else "") + f"; training starts at step {plan.step}",
-          file=sys.stderr, flush=True)
-    return plan
 
 
 def open_finetune_run(config: TrialConfig, source: CheckpointSource, backend: Backend, name: str, plan):

@@ -34,5 +34,5 @@ class StartupClock:
         return {"origin": self.origin, "phases": dict(self.phases), "last": self.last}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "StartupClock":
+    def from_dict(cls, data: dict) -> StartupClock:
         return cls(origin=data["origin"], phases=dict(data["phases"]), last=data["last"])

@@ -208,7 +208,8 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshot: Path) -> None:
         wait_for_page(f"http://127.0.0.1:{port}/health")
         browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
         browser.get(f"http://127.0.0.1:{port}/#/experiments/{report['mlflow']['experiment_id']}/runs")
-        rows = lambda: [row.text for row in browser.find_elements(By.CSS_SELECTOR, ".ag-row") if row.text.strip()]
+        def rows():
+            return [row.text for row in browser.find_elements(By.CSS_SELECTOR, ".ag-row") if row.text.strip()]
         WebDriverWait(browser, 60).until(lambda _: any(report["name"] in row for row in rows()))
         expander = browser.find_element(By.CSS_SELECTOR, ".ag-row button")  # the parent's expand button
         expander.click()

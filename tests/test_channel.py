@@ -7,8 +7,16 @@ import threading
 
 import pytest
 
-from detsweep.trainables.channel import (Evaluation, EvaluationError, EvaluationFailed, LoopMetrics, LoopSender,
-                                         RayReport, RunEnded, in_step_order)
+from detsweep.trainables.channel import (
+    Evaluation,
+    EvaluationError,
+    EvaluationFailed,
+    LoopMetrics,
+    LoopSender,
+    RayReport,
+    RunEnded,
+    in_step_order,
+)
 
 
 def loop(step: int, milestone: bool = False, elsewhere: bool = False, **metrics) -> LoopMetrics:

@@ -21,8 +21,8 @@ from detsweep.errors import DetsweepError
 from detsweep.evaluation import evaluate_detections
 from detsweep.evaluation.pictures import read_image
 from detsweep.export.commands import add_export_commands
+from detsweep.export.detector import Detector
 from detsweep.export.saved_model import SIGNATURE, export_saved_model
-from detsweep.models.detector import Detector
 from detsweep.train.checkpoint import CONFIG_FILE
 from detsweep.train.evaluate import Evaluator
 from detsweep.train.loop import run_training

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from detsweep.config import LearningRateConfig
+from detsweep.config import LearningRateConfig, OptimizerConfig
 from detsweep.optim import build_optimizer, build_schedule
-from detsweep.config import OptimizerConfig
 
 
 def rates(config: dict, steps) -> np.ndarray:

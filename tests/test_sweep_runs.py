@@ -196,7 +196,7 @@ def test_optuna_sweep_samples_with_a_seeded_tpe_and_logs_to_a_basic_auth_trackin
 def test_pbt_exploit_continues_from_the_better_trials_checkpoint_with_a_well_defined_schedule(tmp_path):
     from detsweep.config.schema import LearningRateConfig
     from detsweep.optim import build_schedule
-    from detsweep.sweeps.progress import swept_values
+    from detsweep.trainables.trial import swept_values
 
     # Ranked by the learning rate itself, the 0.03 trial is on top at step 20 and the 0.001
     # trial copies it there: its weights, its config, a new EMA decay. Synchronous PBT makes

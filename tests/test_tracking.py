@@ -105,7 +105,6 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
 
     from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
     from detsweep.optim.report import schedule_png
-
     from detsweep.sweeps.experiment import as_run
     from detsweep.sweeps.spec import load_sweep
 

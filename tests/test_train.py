@@ -14,12 +14,12 @@ from detsweep.config import load_trial_config
 from detsweep.data import load_dataset
 from detsweep.data.pipeline import InputSpec, decode_and_resize, to_tensors, training_dataset
 from detsweep.evaluation import evaluate_detections, to_coco_detections
-from detsweep.train import TrainingDiverged, WorkerContext, run_training
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage, build_optimizer
+from detsweep.train import TrainingDiverged, WorkerContext, run_training
 from detsweep.train.checkpoint import TrainingState
 
-from .conftest import REPO, RACCOON, run_cli
+from .conftest import RACCOON, REPO, run_cli
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 # Small and short: 32 training images, 30 steps, eval and checkpoint every 10.
@@ -145,7 +145,7 @@ def test_workers_read_disjoint_shards():
     for index in range(2):
         data = training_dataset(dataset, spec, config, batch_size=4, seed=0, shard=(2, index))
         ids = set()
-        for images, targets in data.take(8):  # 32 images over 4-image batches: each shard repeats after 4
+        for _images, targets in data.take(8):  # 32 images over 4-image batches: each shard repeats after 4
             ids |= {tuple(np.round(b, 3)) for b in targets["boxes"].numpy().reshape(-1, 4) if b[0] >= 0}
         seen.append(ids)
     assert seen[0] and seen[1] and not (seen[0] & seen[1])
@@ -288,5 +288,5 @@ def test_an_async_evaluation_that_fails_puts_its_reason_on_the_runs_queue(tmp_pa
                           pictures=False, cpus=1)
     failed = reports.get_nowait()
     assert isinstance(failed, EvaluationFailed) and failed.step == 40
-    assert failed.reason == f"{tmp_path}: not a detsweep checkpoint (expected config.yaml and ckpt.index)"
+    assert failed.reason == f"{tmp_path} is not a detsweep checkpoint (expected config.yaml and ckpt.index in it)"
     assert reports.empty()

@@ -134,6 +134,15 @@ def _yaml_number(value: Any) -> Any:
     return value
 
 
+def get_path(tree: Mapping[str, Any], path: str, default: Any = None) -> Any:
+    node: Any = tree
+    for key in path.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
 def set_path(tree: dict[str, Any], path: str, value: Any, keyed_by_path: Mapping[str, Collection[str]] = {}) -> str:
     """Set ``tree[a][b][c] = value`` for ``a.b.c``, creating mappings on the way; returns the path.
 

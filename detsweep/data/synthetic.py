@@ -10,9 +10,9 @@ also goes through the COCO reader.
 from __future__ import annotations
 
 import colorsys
+import io
 import json
 import os
-import io
 import secrets
 import shutil
 from collections import Counter

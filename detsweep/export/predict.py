@@ -58,8 +58,9 @@ def saved_model_predictor(directory: str | Path) -> Predictor:
 
 
 def checkpoint_predictor(directory: str | Path, use_average: bool = True) -> Predictor:
-    from detsweep.models.detector import Detector
-    from detsweep.train.checkpoint import read_meta
+    from detsweep.checkpoints import read_meta
+
+    from .detector import Detector
 
     detector = Detector.from_checkpoint(str(directory), use_average)
     return Predictor(detector.detect, category_names(read_meta(Path(directory))["categories"]))

@@ -7,7 +7,7 @@ way back to normalised ``ymin, xmin, ymax, xmax`` of the original image and the 
 category ids. It returns ``detection_boxes`` float32 ``[batch, N, 4]`` (clipped to [0, 1]),
 ``detection_classes`` int64 ``[batch, N]`` (the OD API gives float32; an id is an integer),
 ``detection_scores`` float32 ``[batch, N]`` and ``num_detections`` int64 ``[batch]``; rows past
-``num_detections`` are zeros. The outputs equal :class:`~detsweep.models.detector.Detector`'s;
+``num_detections`` are zeros. The outputs equal :class:`~detsweep.export.detector.Detector`'s;
 boxes partly outside the image are clipped, as training's evaluation clips them.
 
 Beside the model, ``config.yaml`` (the checkpoint's as-run config) and ``detsweep.json``
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from detsweep.checkpoints import CONFIG_FILE
 from detsweep.data.pipeline import InputSpec, pad_and_normalise, resize_longer_side
-from detsweep.train.checkpoint import CONFIG_FILE
 from detsweep.train.restore import load_trained_model
 
 from .paths import check_new_folder, staged_folder

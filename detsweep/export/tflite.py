@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from detsweep.train.checkpoint import CONFIG_FILE
+from detsweep.checkpoints import CONFIG_FILE
 
 from .paths import check_new_folder, staged_folder
 from .saved_model import INFO_FILE, SIGNATURE, export_saved_model

@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 from detsweep.errors import DetsweepError
+from detsweep.trainables.trial import swept_values
 
-from .progress import swept_paths, swept_values
+from .space import swept_paths
 from .spec import Sweep, load_sweep
 
 SWEEP_FILE = "sweep.yaml"

@@ -92,10 +92,11 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
            tags: dict[str, str] | None = None, callbacks: list | None = None) -> dict[str, Any]:
     """Run the sweep to the end; returns the ``detsweep launch --json`` object. ``tags``: more
     tags for its MLflow run (a fine-tuning sweep's source); ``callbacks``: more Ray Tune callbacks."""
-    from detsweep.trainables.trainer import check_data
     from detsweep.tracking import check_backend, open_sweep_run, resolve_backend, trial_environment
+    from detsweep.trainables.trainer import check_data
 
-    from .progress import SweepProgress, swept_paths
+    from .progress import SweepProgress
+    from .space import swept_paths
     from .tuner import build_tuner
 
     backend = resolve_backend(sweep.base.tracking)
@@ -103,7 +104,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     for line in check_data(sweep.base):
         print(line, flush=True)
     if sweep.base.train.fine_tune:
-        from detsweep.finetune import check_fit
+        from detsweep.trainables.trainer import check_fit
 
         check_fit(sweep.base, str(sweep.path))
     connect(address, env=trial_environment())
@@ -143,9 +144,10 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
 
 def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
     """The summary, with each trial's MLflow run; the parent run closed; the best registered."""
-    from detsweep.tracking import close_sweep_run, register_best
+    from detsweep.export.registry import register_best  # imports mlflow.pyfunc: only at a sweep's end
+    from detsweep.tracking import close_sweep_run
 
-    from .progress import swept_paths
+    from .space import swept_paths
 
     report = summary(path, sweep)
     run_ids = close_sweep_run(link, report, swept_paths(sweep))

@@ -7,30 +7,15 @@ metric, and why a trial ended.
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 from typing import Any, TextIO
 
 from ray import tune
 
-from detsweep.config.loader import set_path
+from detsweep.trainables.trial import swept_values
 
-from .space import get_path
-
-
-def swept_paths(sweep) -> list[str]:
-    """The config paths a sweep varies: its space, then PBT's mutations."""
-    search = sweep.search
-    return list(search.space) + [path for path in search.scheduler.mutations if path not in search.space]
-
-
-def swept_values(config: dict[str, Any], paths: list[str]) -> dict[str, Any]:
-    """The values a trial's Tune config gives to the swept ``paths`` (grid points included)."""
-    tree = copy.deepcopy(config.get("trial", {}))
-    for dotted, value in config.get("point", {}).items():
-        set_path(tree, dotted, value)
-    return {dotted: get_path(tree, dotted) for dotted in paths}
+from .experiment import error_line
 
 
 def short(value: Any) -> str:
@@ -77,7 +62,6 @@ class SweepProgress(tune.Callback):
                     f"{self.metric} {short(trial.last_result.get(self.metric))}")
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        from .experiment import error_line
 
         self._print(f"trial {self._label(trial)} errored: {error_line(trial.get_error())}")
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from detsweep.config.loader import get_path  # noqa: F401  (sweeps read paths with it)
 from detsweep.config.schema import OPTIMIZER_ALIASES, SCHEDULE_ALIASES, invalid
 
 Distribution = Literal["uniform", "log_uniform_values", "int_uniform", "q_uniform", "normal"]
@@ -130,10 +131,7 @@ def grid_points(space: Space, base: Mapping[str, Any]) -> list[dict[str, Any]]:
     return points
 
 
-def get_path(tree: Mapping[str, Any], path: str, default: Any = None) -> Any:
-    node: Any = tree
-    for key in path.split("."):
-        if not isinstance(node, Mapping) or key not in node:
-            return default
-        node = node[key]
-    return node
+def swept_paths(sweep) -> list[str]:
+    """The config paths a sweep varies: its space, then PBT's mutations."""
+    search = sweep.search
+    return list(search.space) + [path for path in search.scheduler.mutations if path not in search.space]

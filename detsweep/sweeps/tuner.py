@@ -17,10 +17,10 @@ from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import run_trial
 
 from .experiment import storage_path
-from .progress import swept_paths
 from .resources import TRIAL_DRIVER
-from .space import grid_points
+from .space import grid_points, swept_paths
 from .spec import Sweep
+
 
 def param_space(sweep: Sweep, tracking: RunLink) -> dict[str, Any]:
     """``{"trial": base tree with Tune domains at the space's paths, "point": grid, …}``; the

@@ -4,12 +4,5 @@ from .backend import Backend, backend_of, check_backend, resolve_backend, trial_
 from .sweep_run import close_sweep_run, open_sweep_run, reopen_sweep_run
 from .trial_run import RunLink, TrialRun
 
-
-def register_best(*args, **kwargs):
-    from .registry import register_best as register  # imports mlflow.pyfunc: only at a sweep's end
-
-    return register(*args, **kwargs)
-
-
 __all__ = ["Backend", "backend_of", "RunLink", "TrialRun", "check_backend", "close_sweep_run", "open_sweep_run",
-           "register_best", "reopen_sweep_run", "resolve_backend", "trial_environment"]
+           "reopen_sweep_run", "resolve_backend", "trial_environment"]

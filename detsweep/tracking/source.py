@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from detsweep.checkpoints import check_checkpoint
 from detsweep.errors import DetsweepError
 
 from .backend import Backend, check_readable
@@ -58,12 +59,7 @@ def resolve_source(spec: str, backend: Backend) -> CheckpointSource:
 
 
 def local_source(spec: str, directory: Path) -> CheckpointSource:
-    from detsweep.train.checkpoint import CONFIG_FILE, PREFIX
-
-    if not (directory / CONFIG_FILE).is_file() or not (directory / f"{PREFIX}.index").is_file():
-        raise DetsweepError(f"--from {spec}: {directory} is not a detsweep checkpoint "
-                            f"(expected {CONFIG_FILE} and {PREFIX}.index in it)")
-    return CheckpointSource(spec, str(directory.resolve()))
+    return CheckpointSource(spec, str(check_checkpoint(directory, f"--from {spec}").resolve()))
 
 
 def get_run(client, run_id: str, backend: Backend):

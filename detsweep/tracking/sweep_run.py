@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 import detsweep
+from detsweep.checkpoints import read_step
 
 from .backend import Backend
 from .trial_run import BEST_STEP_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
@@ -142,13 +143,12 @@ def end_trial_run(client, run, trial: dict[str, Any]) -> None:
 def upload_best_checkpoint(client, run_id: str, checkpoint: str) -> None:
     """A trial stopped by the scheduler is ended at once, its writer with it, maybe before its
     best checkpoint reached MLflow; the driver uploads the one Tune kept for it."""
-    import json
 
     directory = Path(checkpoint)
     if not directory.is_dir():  # in cloud storage: not read from here
         return
     client.log_artifacts(run_id, str(directory), "checkpoints/best")
-    client.set_tag(run_id, BEST_STEP_TAG, str(json.loads((directory / "meta.json").read_text())["step"]))
+    client.set_tag(run_id, BEST_STEP_TAG, str(read_step(directory)))
 
 
 def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]) -> str:

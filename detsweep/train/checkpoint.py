@@ -12,14 +12,11 @@ import keras
 import tensorflow as tf
 import yaml
 
+from detsweep.checkpoints import CONFIG_FILE, META_FILE, PREFIX
 from detsweep.config import TrialConfig
 from detsweep.data import Category
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage, build_optimizer
-
-PREFIX = "ckpt"
-CONFIG_FILE = "config.yaml"
-META_FILE = "meta.json"
 
 
 class TrainingState:
@@ -61,5 +58,3 @@ def build_training_state(config: TrialConfig, num_classes: int) -> tuple[Trainin
     return TrainingState(model, optimizer, moving_average), losses
 
 
-def read_meta(directory: Path) -> dict:
-    return json.loads((Path(directory) / META_FILE).read_text())

@@ -27,6 +27,7 @@ from .step import make_train_loop
 from .strategy import make_strategy, use_worker_cpus
 from .warm_start import restore_what_fits
 
+
 class Milestone(enum.Enum):
     """What a loop ended in. The same on every worker, so workers can meet there (Ray Train's report)."""
 
@@ -50,6 +51,7 @@ class WorkerContext:
     restore_from: Path | None = None  # a checkpoint directory to resume from
     pictures: bool = False  # for MLflow: the schedule once, the detections at every evaluation
     startup: StartupClock | None = None  # marked here up to the first step, then reported once
+    fine_tune_from: Path | None = None  # a local copy of train.fine_tune.checkpoint (default: that folder)
 
 
 def run_training(config: TrialConfig, report: Reporter, context: WorkerContext = WorkerContext()) -> dict[str, float]:
@@ -72,7 +74,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     if context.restore_from:  # the same training, resumed
         state.restore(context.restore_from)
     elif train.fine_tune:  # another training's weights, as far as they fit
-        restore_what_fits(state, config)
+        restore_what_fits(state, config, context.fine_tune_from)
     step = int(state.step.numpy())
     startup.mark("model")
 

@@ -8,14 +8,11 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from detsweep.config import TrialConfig, validate
-from detsweep.config.loader import read_yaml_mapping
+from detsweep.checkpoints import PREFIX, check_checkpoint, read_config, read_meta
+from detsweep.config import TrialConfig
 from detsweep.data import Category
-from detsweep.errors import DetsweepError
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage
-
-from .checkpoint import CONFIG_FILE, PREFIX, read_meta
 
 
 @dataclass
@@ -29,10 +26,8 @@ class TrainedModel:
 
 def load_trained_model(directory: str | Path, overrides: list[str] = ()) -> TrainedModel:
     """The model (and its averages) saved in ``directory``, built from the as-run config there."""
-    directory = Path(directory)
-    if not (directory / CONFIG_FILE).is_file() or not (directory / f"{PREFIX}.index").is_file():
-        raise DetsweepError(f"{directory}: not a detsweep checkpoint (expected {CONFIG_FILE} and {PREFIX}.index)")
-    config = validate(TrialConfig, read_yaml_mapping(directory / CONFIG_FILE), str(directory / CONFIG_FILE), overrides)
+    directory = check_checkpoint(directory)
+    config = read_config(directory, overrides)
     meta = read_meta(directory)
     categories = [Category(c["id"], c["name"]) for c in meta["categories"]]
     model, _ = build_model(config.model, config.model.num_classes or len(categories))

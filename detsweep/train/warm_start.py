@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from detsweep.config import TrialConfig, validate
-from detsweep.config.loader import read_yaml_mapping
+from detsweep.checkpoints import PREFIX, check_checkpoint, read_config, read_meta
+from detsweep.config import TrialConfig
 from detsweep.errors import DetsweepError
 
-from .checkpoint import CONFIG_FILE, PREFIX, TrainingState, build_training_state, read_meta
+from .checkpoint import TrainingState, build_training_state
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,12 @@ class Source:
     step: int
 
 
-def restore_what_fits(state: TrainingState, config: TrialConfig) -> WarmStart:
-    """Fill ``state`` from ``train.fine_tune.checkpoint`` as far as it fits (see the module's doc)."""
+def restore_what_fits(state: TrainingState, config: TrialConfig, directory: Path | None = None) -> WarmStart:
+    """Fill ``state`` from the checkpoint in ``directory`` as far as it fits (see the module's
+    doc). ``directory``: a local copy of ``train.fine_tune.checkpoint``, which is the default
+    when it names a folder (a ``runs:/`` source is the caller's to download)."""
     fine_tune = config.train.fine_tune
-    from detsweep.tracking.backend import resolve_backend
-    from detsweep.tracking.source import local_copy
-
-    with local_copy(fine_tune.checkpoint, resolve_backend(config.tracking).uri) as directory:
-        source = read_source(directory, fine_tune.from_moving_average)
+    source = read_source(directory or Path(fine_tune.checkpoint), fine_tune.from_moving_average)
     model_weights = {weight.path: weight for weight in state.model.weights}
     restored, fresh = match(source.weights, model_weights)
     check_encoder(state, restored, source, config)
@@ -73,11 +71,11 @@ def restore_what_fits(state: TrainingState, config: TrialConfig) -> WarmStart:
     return WarmStart(restored, fresh, optimizer_restored, int(state.step.numpy()))
 
 
-def plan_warm_start(config: TrialConfig, num_classes: int) -> WarmStart:
+def plan_warm_start(config: TrialConfig, num_classes: int, directory: Path | None = None) -> WarmStart:
     """What :func:`restore_what_fits` will do in the workers, done once here first, so that a
     checkpoint that does not fit fails before anything starts."""
     state, _ = build_training_state(config, num_classes)
-    return restore_what_fits(state, config)
+    return restore_what_fits(state, config, directory)
 
 
 def match(source: dict[str, np.ndarray], model_weights: dict) -> tuple[list[str], list[str]]:
@@ -121,10 +119,8 @@ def restore_optimizer(state: TrainingState, source: Source, optimizer_type: str)
 
 def read_source(directory: Path, from_moving_average: bool) -> Source:
     """The checkpoint's model (averaged, if asked) and optimizer, built on the CPU and read."""
-    if not (directory / CONFIG_FILE).is_file() or not (directory / f"{PREFIX}.index").is_file():
-        raise DetsweepError(f"train.fine_tune.checkpoint: {directory} is not a detsweep checkpoint "
-                            f"(expected {CONFIG_FILE} and {PREFIX}.index)")
-    config = validate(TrialConfig, read_yaml_mapping(directory / CONFIG_FILE), str(directory / CONFIG_FILE))
+    check_checkpoint(directory, "train.fine_tune.checkpoint")
+    config = read_config(directory)
     meta = read_meta(directory)
     with tf.device("CPU:0"):  # a passing copy: keep it off the accelerator the training uses
         state, _ = build_training_state(config, config.model.num_classes or len(meta["categories"]))

@@ -11,14 +11,13 @@ adds them to the checkpoint's step.
 from __future__ import annotations
 
 import functools
-import json
 import time
-from pathlib import Path
 
 import ray.train
 from ray.train.v2.api.validation_config import ValidationConfig
 from ray.util.queue import Empty, Queue
 
+from detsweep.checkpoints import read_step
 from detsweep.config import ScalingConfig
 from detsweep.errors import failure_reason
 
@@ -52,7 +51,7 @@ def evaluate_reported(checkpoint: ray.train.Checkpoint, *, reports: Queue, settl
 
     use_worker_cpus(cpus)
     with checkpoint.as_directory() as directory:
-        step = json.loads((Path(directory) / "meta.json").read_text())["step"]
+        step = read_step(directory)
         try:
             metrics = evaluate_checkpoint(directory, verify=False, picture=pictures)
         except Exception as error:

@@ -3,6 +3,7 @@ tolerance, checkpoints; and one training streamed to the process that asked for 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from ray.util.queue import Queue
 
 from detsweep.cluster import connect
 from detsweep.config import ScalingConfig, TrialConfig
-from detsweep.errors import failure_reason
+from detsweep.errors import DetsweepError, failure_reason, stderr_held_back
 from detsweep.startup import StartupClock
 
 from .channel import EvaluationError, ForwardReports, RunEnded, in_step_order
@@ -111,6 +112,27 @@ def check_data(config: TrialConfig) -> list[str]:
 
     datasets = [config.data.train] + ([config.data.val] if config.data.val else [])
     return [load_dataset(dataset, verify=True).summary_line() for dataset in datasets]
+
+
+def check_fit(config: TrialConfig, where: str):
+    """Build the model and restore the checkpoint into it here, once, as the workers will
+    (the datasets were verified already: see ``check_data``)."""
+    from detsweep.data import load_dataset
+    from detsweep.train.warm_start import plan_warm_start
+
+    from .worker import fine_tune_source
+
+    categories = load_dataset(config.data.train, verify=False).categories
+    # a checkpoint that does not fit: one line, not TensorFlow's start-up
+    with stderr_held_back(), fine_tune_source(config) as directory:
+        plan = plan_warm_start(config, config.model.num_classes or len(categories), directory)
+    if config.train.fine_tune.keep_optimizer_state and plan.step >= config.train.num_steps:
+        raise DetsweepError(f"{where}: train.num_steps: found {config.train.num_steps}, expected more than the "
+                            f"checkpoint's step {plan.step} (keep_optimizer_state goes on from there)")
+    print(f"fine-tune: {len(plan.restored)} weights restored, {len(plan.fresh)} fresh"
+          + (f" ({', '.join(plan.fresh)})" if plan.fresh else "") + f"; training starts at step {plan.step}",
+          file=sys.stderr, flush=True)
+    return plan
 
 
 Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]

@@ -9,16 +9,17 @@ trial reports passes through one place: that is also where its MLflow run is wri
 
 from __future__ import annotations
 
-import json
+import copy
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import ray.tune
 
-from detsweep.config import TrialConfig
-from detsweep.config.loader import set_path
+from detsweep.checkpoints import read_step
+from detsweep.config import TrialConfig, validate
+from detsweep.config.loader import get_path, set_path
+from detsweep.errors import DetsweepError
 from detsweep.evaluation.pictures import without_pictures
 from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialRun
@@ -26,17 +27,32 @@ from detsweep.tracking.trial_run import RunLink, TrialRun
 from .trainer import ProgressLines, stream_training
 
 
-def trial_config(tune_config: dict[str, Any]) -> TrialConfig:
-    """The trial's config: the sampled tree, plus the grid point's dotted overrides."""
-    tree = tune_config["trial"]
+def trial_tree(tune_config: dict[str, Any]) -> dict[str, Any]:
+    """The trial's config tree: the sampled tree, plus the grid point's dotted overrides."""
+    tree = copy.deepcopy(tune_config.get("trial", {}))
     for dotted, value in tune_config.get("point", {}).items():
         set_path(tree, dotted, value)
-    return TrialConfig.model_validate(tree)
+    return tree
+
+
+def trial_config(tune_config: dict[str, Any]) -> TrialConfig:
+    """Validated as a config file is: a combination the searcher drew that cannot train is
+    the trial's one-line failure (``path: found X, expected Y``)."""
+    return validate(TrialConfig, trial_tree(tune_config), "the trial's sampled config")
+
+
+def swept_values(tune_config: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """The values a trial's Tune config gives to the swept ``paths`` (grid points included)."""
+    tree = trial_tree(tune_config)
+    return {dotted: get_path(tree, dotted) for dotted in paths}
 
 
 def run_trial(tune_config: dict[str, Any]) -> None:
     startup = StartupClock()
-    config = trial_config(tune_config)
+    try:
+        config = trial_config(tune_config)
+    except DetsweepError as error:
+        raise TrialFailed(str(error)) from None
     context = ray.tune.get_context()
     restore = ray.tune.get_checkpoint()  # PBT's exploit, or a resumed sweep
     run = open_trial_run(tune_config, config, restore)
@@ -81,12 +97,10 @@ def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run:
 
 
 def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) -> TrialRun:
-    from detsweep.sweeps.progress import swept_values
-
     start_step = 0
     if restore is not None:
         with restore.as_directory() as directory:
-            start_step = json.loads((Path(directory) / "meta.json").read_text())["step"]
+            start_step = read_step(directory)
     context = ray.tune.get_context()
     search = tune_config["search"]
     return TrialRun(RunLink(**tune_config["tracking"]), context.get_trial_id(), context.get_trial_name(), config,

@@ -23,6 +23,15 @@ def quiet_report_logging() -> None:
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
+def fine_tune_source(config: TrialConfig) -> contextlib.AbstractContextManager[Path]:
+    """``train.fine_tune.checkpoint`` as a local folder: a ``runs:/`` source is downloaded
+    from the run's tracking server into a scratch folder that lasts the block."""
+    from detsweep.tracking.backend import resolve_backend
+    from detsweep.tracking.source import local_copy
+
+    return local_copy(config.train.fine_tune.checkpoint, resolve_backend(config.tracking).uri)
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     """Resume from Ray's latest checkpoint when there is one (a restarted worker group),
     else from ``restore_from`` (a Tune checkpoint: PBT, a resumed sweep); train; rank 0 sends
@@ -56,9 +65,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if latest is None and loop_config.get("restore_from"):
         latest = ray.train.Checkpoint(loop_config["restore_from"])
     try:
-        with latest.as_directory() if latest else contextlib.nullcontext() as restore_from:
-            context = WorkerContext(rank=rank, restore_from=Path(restore_from) if restore_from else None,
-                                    pictures=loop_config.get("pictures", False), startup=startup)
+        with contextlib.ExitStack() as stack:
+            restore_from = Path(stack.enter_context(latest.as_directory())) if latest else None
+            # A fine-tune starts from another training's checkpoint unless it resumes its own.
+            fine_tune = config.train.fine_tune if restore_from is None else None
+            fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
+            context = WorkerContext(rank=rank, restore_from=restore_from, pictures=loop_config.get("pictures", False),
+                                    startup=startup, fine_tune_from=fine_tune_from)
             run_training(config, report, context)
     finally:
         if sender:  # a failed training's loops, too, reach the run before its error does

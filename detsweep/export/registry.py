@@ -1,5 +1,5 @@
 """The best trial's model in the MLflow registry: a pyfunc model around detsweep's
-:class:`~detsweep.models.detector.Detector`, with its checkpoint as the artifact."""
+:class:`~detsweep.export.detector.Detector`, with its checkpoint as the artifact."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 import mlflow.pyfunc
 
 import detsweep
-
-from .trial_run import RunLink
+from detsweep.tracking.trial_run import RunLink
 
 MODEL_NAME = "model"
 REQUIREMENTS = ["tensorflow", "keras-hub", "pycocotools", "pyyaml", "pydantic", "numpy"]
@@ -20,7 +19,7 @@ class DetectorModel(mlflow.pyfunc.PythonModel):
     """``predict`` takes uint8 images ``[batch, height, width, 3]`` and returns the detections."""
 
     def load_context(self, context) -> None:
-        from detsweep.models.detector import Detector
+        from detsweep.export.detector import Detector
 
         use_average = bool((context.model_config or {}).get("use_moving_average", True))
         self.detector = Detector.from_checkpoint(context.artifacts["checkpoint"], use_average)

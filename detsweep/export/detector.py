@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from detsweep.data.pipeline import InputSpec, pad_and_normalise
 
+
 class Detector:
     def __init__(self, model, image_size: int, category_ids: list[int]):
         self.model = model
