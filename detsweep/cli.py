@@ -11,15 +11,15 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
 from detsweep.errors import DetsweepError
-
-Command = Callable[[argparse.Namespace], int]
+from detsweep.subcommands import add_command
+from detsweep.tracking.sweep_run import TrialStatus
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,55 +48,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"detsweep {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
-    config = _command(commands, "config", show_config, "validate a trial config and print it with every default")
+    config = add_command(commands, "config", show_config, "validate a trial config and print it with every default")
     _config_arguments(config)
     config.add_argument("--json", action="store_true", help="print JSON instead of YAML")
 
-    optimizer = _command(commands, "optimizer", show_optimizer, "show the optimizer, moving average and schedule a config builds")
+    optimizer = add_command(commands, "optimizer", show_optimizer, "show the optimizer, moving average and schedule a config builds")
     _config_arguments(optimizer, what="a detsweep YAML, an OD API pipeline.config or optimizer text proto")
     optimizer.add_argument("--steps", help="steps to show: 0,4,8 or START:STOP[:STEP] (default: 11 points up to train.num_steps)")
     optimizer.add_argument("--json", action="store_true", help="print one JSON object")
     optimizer.add_argument("--plot", metavar="PNG", help="draw the learning-rate schedule into this PNG file")
 
-    train = _command(commands, "train", train_command, "train one config through Ray Train (a local Ray cluster unless --address)")
+    train = add_command(commands, "train", train_command, "train one config through Ray Train (a local Ray cluster unless --address)")
     _config_arguments(train)
     train.add_argument("--address", help="a running Ray cluster, e.g. ray://head:10001 or auto (default: start a local one)")
     train.add_argument("--name", help="the run's name in Ray's storage (default: the config's file name and the time)")
     train.add_argument("--storage", help="where Ray keeps results and checkpoints (default: ~/ray_results)")
     train.add_argument("--json", action="store_true", help='print {"steps", "metrics", "checkpoint"} at the end')
 
-    validate = _command(commands, "validate", validate_command, "check a sweep file and show what it would run (starts nothing)")
+    validate = add_command(commands, "validate", validate_command, "check a sweep file and show what it would run (starts nothing)")
     validate.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
     _overrides_argument(validate, "override the sweep or its base config, e.g. --set base.train.num_steps=40")
     validate.add_argument("--address", help="size the sweep for this running Ray cluster (default: this machine)")
     validate.add_argument("--json", action="store_true", help="print one JSON object")
 
-    launch = _command(commands, "launch", launch_command, "run a sweep on Ray (a local cluster unless --address)")
+    launch = add_command(commands, "launch", launch_command, "run a sweep on Ray (a local cluster unless --address)")
     launch.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
     _overrides_argument(launch, "override the sweep or its base config, e.g. --set search.num_samples=2")
     launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
     launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best", "mlflow"} at the end')
     launch.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
 
-    status = _command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
+    status = add_command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
     status.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
     status.add_argument("--json", action="store_true", help="print the same object as launch --json")
 
-    resume = _command(commands, "resume", resume_command, "finish an interrupted sweep; finished trials are not run again")
+    resume = add_command(commands, "resume", resume_command, "finish an interrupted sweep; finished trials are not run again")
     resume.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
     resume.add_argument("--retry-errored", action="store_true", help="also continue errored trials from their last checkpoints")
     resume.add_argument("--address", help="a running Ray cluster (default: start a local one)")
     resume.add_argument("--json", action="store_true", help="print the same object as launch --json")
     resume.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
 
-    best = _command(commands, "best", best_command, "rank a sweep's trials from MLflow (no Ray results folder needed)")
+    best = add_command(commands, "best", best_command, "rank a sweep's trials from MLflow (no Ray results folder needed)")
     best.add_argument("experiment", help="the sweep's name (its MLflow experiment) or its sweep file")
     best.add_argument("--metric", help="rank by this metric (default: the sweep's)")
     best.add_argument("--mode", choices=("max", "min"), help="(default: the sweep's)")
     best.add_argument("--top", type=int, help="show only the first K trials")
     best.add_argument("--json", action="store_true", help='print {"experiment", "metric", "mode", "trials": […]}')
 
-    finetune = _command(commands, "finetune", finetune_command,
+    finetune = add_command(commands, "finetune", finetune_command,
                         "keep training a checkpoint (a sweep's best) on more steps, new data or new classes")
     finetune.add_argument("config", nargs="?", help="a trial config merged over the source's as-run config")
     finetune.add_argument("--from", dest="source", required=True, metavar="SOURCE",
@@ -111,11 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--no-register", action="store_true", help="--sweep: do not register the best model")
     finetune.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
-    ui = _command(commands, "ui", ui_command, "open the MLflow dashboard: mlflow ui on the embedded backend, or the server's URL")
+    ui = add_command(commands, "ui", ui_command, "open the MLflow dashboard: mlflow ui on the embedded backend, or the server's URL")
     ui.add_argument("--config", help="a trial config or sweep file whose tracking.uri to use (default: $MLFLOW_TRACKING_URI, else mlflow.db here)")
     ui.add_argument("--port", type=int, default=5000, help="for mlflow ui (default: 5000)")
 
-    evaluate = _command(commands, "eval", eval_command, "COCO-evaluate a checkpoint, or score a COCO results file")
+    evaluate = add_command(commands, "eval", eval_command, "COCO-evaluate a checkpoint, or score a COCO results file")
     evaluate.add_argument("--checkpoint", help="a detsweep checkpoint directory (evaluated on its config's data.val)")
     _overrides_argument(evaluate, "override the checkpoint's config, e.g. --set data.val.annotations=other.json")
     evaluate.add_argument("--detections", help="a COCO results JSON to score (with --annotations)")
@@ -130,16 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_export_commands(commands)
 
-    odapi = _command(commands, "import-odapi", import_odapi, "convert an OD API pipeline.config into a detsweep YAML")
+    odapi = add_command(commands, "import-odapi", import_odapi, "convert an OD API pipeline.config into a detsweep YAML")
     odapi.add_argument("pipeline", help="the OD API pipeline.config (text proto)")
     odapi.add_argument("-o", "--output", help="write the YAML here (default: print it)")
     return parser
 
-
-def _command(commands, name: str, run: Command, summary: str) -> argparse.ArgumentParser:
-    sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
-    sub.set_defaults(command=run)
-    return sub
 
 
 def _overrides_argument(parser: argparse.ArgumentParser, help: str) -> None:
@@ -367,7 +362,7 @@ def _summary_stream(as_json: bool) -> TextIO:
 def _sweep_summary(report: dict[str, Any], as_json: bool, out: TextIO) -> int:
     """Print the trials; exit code 1 when any trial errored, each with its reason."""
     print(json.dumps(report, default=str) if as_json else format_trials(report, report["metric"]), file=out, flush=True)
-    errored = [trial for trial in report["trials"] if trial["status"] == "ERROR"]
+    errored = [trial for trial in report["trials"] if trial["status"] == TrialStatus.ERROR]
     for trial in errored:
         print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']}", file=sys.stderr)
     return 1 if errored else 0
@@ -387,7 +382,7 @@ def format_trials(report: dict[str, Any], metric: str) -> str:
         lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}" + (f" ({also})" if also else ""),
                   f"  config: {best['config']}", f"  checkpoint: {best['checkpoint']}"]
     lines.append(f"results: {report['path']}")
-    unfinished = [t for t in report["trials"] if t["status"] not in ("TERMINATED", "STOPPED", "ERROR")]
+    unfinished = [t for t in report["trials"] if not TrialStatus(t["status"]).finished]
     if unfinished:
         lines.append(f"{len(unfinished)} trial(s) unfinished: detsweep resume {report['path']}")
     return "\n".join(lines)

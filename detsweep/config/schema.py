@@ -139,16 +139,6 @@ class LearningRateConfig(Section):
             if steps[i] <= steps[i - 1]:
                 raise invalid(f"schedule.{i}.step", steps[i], f"> {steps[i - 1]} (steps must strictly increase)")
 
-    @property
-    def peak(self) -> float:
-        """The schedule's base rate: the number a sweep over 'the learning rate' means."""
-        return {
-            "constant": self.learning_rate,
-            "exponential_decay": self.initial_learning_rate,
-            "cosine": self.learning_rate_base,
-            "manual_step": max([self.initial_learning_rate] + [s.learning_rate for s in self.schedule]),
-        }[self.type]
-
 
 class OptimizerConfig(Section):
     type: Annotated[OptimizerType, _aliases(OPTIMIZER_ALIASES)] = Field(

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from detsweep.subcommands import add_command
 
 if TYPE_CHECKING:
     from detsweep.config import DatasetConfig
 
-Command = Callable[[argparse.Namespace], int]
 
 # Flags named after DatasetConfig fields; their values go in as typed, so the schema judges them.
 DATASET_FLAGS = ("format", "annotations", "images", "label_map", "num_images", "image_size", "classes", "seed")
@@ -27,11 +27,11 @@ def add_data_commands(commands: Any) -> argparse.ArgumentParser:
                                description="Make and inspect detection datasets.")
     subcommands = data.add_subparsers(title="data commands", metavar="COMMAND", required=True)
 
-    synth = _command(subcommands, "synth", synth_command, "write a synthetic shapes dataset: PNG images and a COCO JSON")
+    synth = add_command(subcommands, "synth", synth_command, "write a synthetic shapes dataset: PNG images and a COCO JSON")
     synth.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder: DIR/images/, DIR/annotations.json")
     _synthetic_arguments(synth)
 
-    inspect = _command(subcommands, "inspect", inspect_command, "read a dataset and show its images, boxes and classes")
+    inspect = add_command(subcommands, "inspect", inspect_command, "read a dataset and show its images, boxes and classes")
     inspect.add_argument("--format", help="coco, voc, tfrecord or synthetic (default: synthetic)")
     inspect.add_argument("--annotations", metavar="PATH",
                          help="COCO: the instances JSON; VOC: the folder of XML files; tfrecord: file(s) or a glob")
@@ -43,11 +43,6 @@ def add_data_commands(commands: Any) -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     return data
 
-
-def _command(commands: Any, name: str, run: Command, summary: str) -> argparse.ArgumentParser:
-    sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
-    sub.set_defaults(command=run)
-    return sub
 
 
 def _synthetic_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detsweep.errors import DetsweepError
+from detsweep.subcommands import add_command
 
 if TYPE_CHECKING:
     from detsweep.tracking.backend import Backend
     from detsweep.tracking.source import CheckpointSource
 
-Command = Callable[[argparse.Namespace], int]
 
 FORMATS = ("saved_model", "tflite")
 SOURCE_HELP = "best:<experiment>, run:<mlflow run id> or checkpoint:<folder>"
@@ -27,7 +27,7 @@ SOURCE_HELP = "best:<experiment>, run:<mlflow run id> or checkpoint:<folder>"
 
 def add_export_commands(commands: Any) -> None:
     """Add ``detsweep export`` and ``detsweep predict`` to the main parser's subparsers."""
-    export = _command(commands, "export", export_command,
+    export = add_command(commands, "export", export_command,
                       "export a checkpoint as a TensorFlow SavedModel or a TFLite model")
     export.add_argument("--from", dest="source", required=True, metavar="SOURCE", help=SOURCE_HELP)
     export.add_argument("--format", choices=FORMATS, default="saved_model", help="what to write (default: saved_model)")
@@ -37,7 +37,7 @@ def add_export_commands(commands: Any) -> None:
     export.add_argument("--json", action="store_true",
                         help='print {"format", "path", "source", "run_id", "moving_average"}')
 
-    predict = _command(commands, "predict", predict_command,
+    predict = add_command(commands, "predict", predict_command,
                        "detect objects in image files with an exported model or a checkpoint")
     model = predict.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", metavar="DIR", help="a SavedModel folder written by detsweep export")
@@ -49,11 +49,6 @@ def add_export_commands(commands: Any) -> None:
     predict.add_argument("--json", action="store_true", help='print {"images": [{"path", "detections": '
                          '[{"class_id", "class_name", "score", "box"}]}]}; boxes: normalised ymin, xmin, ymax, xmax')
 
-
-def _command(commands: Any, name: str, run: Command, summary: str) -> argparse.ArgumentParser:
-    sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
-    sub.set_defaults(command=run)
-    return sub
 
 
 # --- commands --------------------------------------------------------------------

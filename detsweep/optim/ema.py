@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 import keras
 import tensorflow as tf
 
+from detsweep.config import OptimizerConfig
+
 
 class MovingAverage(tf.Module):
     """Averages of ``variables``; a ``tf.Module`` so ``tf.train.Checkpoint`` saves them.
@@ -40,6 +42,13 @@ class MovingAverage(tf.Module):
     def of_model(cls, model: keras.Model, decay: float, dynamic: bool = False) -> MovingAverage:
         floating = [w for w in model.weights if keras.backend.is_float_dtype(w.dtype)]
         return cls(floating, decay, dynamic)
+
+    @classmethod
+    def from_config(cls, model: keras.Model, optimizer: OptimizerConfig) -> MovingAverage | None:
+        """The averages ``optimizer.use_moving_average`` asks for, or None."""
+        if not optimizer.use_moving_average:
+            return None
+        return cls.of_model(model, optimizer.moving_average_decay, optimizer.moving_average_dynamic_decay)
 
     def decay_at(self, step) -> tf.Tensor:
         """The decay used for the update after ``step`` updates (0 for the first one)."""

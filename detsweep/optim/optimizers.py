@@ -10,14 +10,16 @@ from .schedules import build_schedule
 
 
 def build_optimizer(
-    config: OptimizerConfig, *, clip_norm: float = 0.0, mixed_precision: str = "float32"
+    config: OptimizerConfig, *, clip_norm: float = 0.0, mixed_precision: str = "float32",
+    schedule: keras.optimizers.schedules.LearningRateSchedule | None = None,
 ) -> keras.optimizers.Optimizer:
-    """A Keras optimizer with the config's schedule, clipping and (for float16) dynamic loss scaling.
+    """A Keras optimizer with the config's schedule (``schedule``, when the caller keeps it to
+    report the rate), clipping and (for float16) dynamic loss scaling.
 
     Clipping by global norm is done by the optimizer (``global_clipnorm``), which under
     loss scaling happens after the gradients are unscaled, as it must.
     """
-    common = {"learning_rate": build_schedule(config.learning_rate)}
+    common = {"learning_rate": schedule or build_schedule(config.learning_rate)}
     if clip_norm > 0:
         common["global_clipnorm"] = clip_norm
     optimizer = _make(config, common)

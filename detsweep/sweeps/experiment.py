@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from detsweep.errors import DetsweepError
+from detsweep.tracking.sweep_run import TrialStatus
 from detsweep.trainables.trial import swept_values
 
 from .space import swept_paths
@@ -93,7 +94,7 @@ def _read_text(uri: str) -> str | None:
 @dataclass
 class TrialOutcome:
     trial_id: str
-    status: str  # TERMINATED, STOPPED (by the scheduler or the time budget), ERROR, or PENDING/RUNNING/PAUSED
+    status: TrialStatus
     metrics: dict[str, Any]
     config: dict[str, Any]  # the swept values, by dotted path
     checkpoint: str | None  # the trial's best checkpoint by the sweep's metric
@@ -112,7 +113,7 @@ def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
         rows.append(TrialOutcome(
             trial.trial_id, _status(trial.status, metrics, sweep), metrics,
             swept_values(trial.config, paths), _best_checkpoint(result, sweep),
-            error_line(trial.get_error()) if trial.status == "ERROR" else None,
+            error_line(trial.get_error()) if trial.status == TrialStatus.ERROR else None,
         ))
     sign = -1 if sweep.search.mode == "max" else 1
 
@@ -135,10 +136,10 @@ def stored_run_link(path: str):
     raise DetsweepError(f"{path}: no trial of this sweep has an MLflow run to continue")
 
 
-def _status(status: str, metrics: dict[str, Any], sweep: Sweep) -> str:
-    if status == "TERMINATED" and metrics.get("step", 0) < sweep.base.train.num_steps:
-        return "STOPPED"
-    return status
+def _status(status: str, metrics: dict[str, Any], sweep: Sweep) -> TrialStatus:
+    if status == TrialStatus.TERMINATED and metrics.get("step", 0) < sweep.base.train.num_steps:
+        return TrialStatus.STOPPED
+    return TrialStatus(status)
 
 
 def _best_checkpoint(result, sweep: Sweep) -> str | None:

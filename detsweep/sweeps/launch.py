@@ -10,6 +10,7 @@ from typing import Any
 
 from detsweep.cluster import connect
 from detsweep.errors import DetsweepError
+from detsweep.tracking.sweep_run import TrialStatus
 
 from .experiment import as_run, find_experiment, read_outcomes, save_sweep, stored_run_link
 from .resources import trials_at_once
@@ -171,6 +172,6 @@ def status(name_or_path: str) -> dict[str, Any]:
 
 def summary(path: str, sweep: Sweep) -> dict[str, Any]:
     trials = [asdict(row) for row in read_outcomes(path, sweep)]
-    finished = [row for row in trials if row["status"] in ("TERMINATED", "STOPPED")]
+    finished = [row for row in trials if row["status"] in (TrialStatus.TERMINATED, TrialStatus.STOPPED)]
     return {"name": sweep.name, "path": path, "metric": sweep.search.metric,
             "trials": trials, "best": finished[0] if finished else None}

@@ -16,18 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from detsweep.config import TrialConfig, validate
 from detsweep.config.loader import merge_trees, read_trial_tree, read_yaml_mapping, resolve_data_paths, set_path
-from detsweep.config.schema import invalid
+from detsweep.config.schema import Section, invalid
 from detsweep.errors import DetsweepError
 
 from .space import Parameter
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SchedulerSpec(Section):

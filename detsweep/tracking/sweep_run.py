@@ -4,6 +4,7 @@ closed after the last with the sweep's results. ``detsweep resume`` reopens the 
 from __future__ import annotations
 
 import csv
+import enum
 import io
 import subprocess
 from pathlib import Path
@@ -19,8 +20,30 @@ from .trial_run import BEST_STEP_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, 
 
 RESULTS_TAG = "detsweep.results_path"
 
-# How a Tune outcome ends its MLflow run (read_outcomes' statuses).
-RUN_STATUS = {"TERMINATED": "FINISHED", "STOPPED": "KILLED", "ERROR": "FAILED"}
+
+
+class TrialStatus(str, enum.Enum):
+    """A trial's state as Tune names it, and ``STOPPED``: ended by the scheduler (or the
+    sweep's time budget) before ``train.num_steps``. Compares equal to its name (JSON)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    TERMINATED = "TERMINATED"
+    STOPPED = "STOPPED"
+    ERROR = "ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def finished(self) -> bool:
+        """It will not run again: it trained to the end, was stopped, or failed."""
+        return self in (TrialStatus.TERMINATED, TrialStatus.STOPPED, TrialStatus.ERROR)
+
+
+# How a trial's outcome ends its MLflow run.
+RUN_STATUS = {TrialStatus.TERMINATED: "FINISHED", TrialStatus.STOPPED: "KILLED", TrialStatus.ERROR: "FAILED"}
 
 
 def experiment_id(client, name: str, backend: Backend) -> str:
@@ -121,7 +144,7 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str]) -> 
     run_ids = {trial_id: run.info.run_id for trial_id, run in runs.items()}
     client.log_text(link.parent_run_id, trials_csv(report, paths, run_ids), "trials.csv")
     client.log_figure(link.parent_run_id, sweep_figure(client, report, paths, run_ids), "sweep.png")
-    errored = sum(trial["status"] == "ERROR" for trial in report["trials"])
+    errored = sum(trial["status"] == TrialStatus.ERROR for trial in report["trials"])
     client.set_tag(link.parent_run_id, "detsweep.errored_trials", str(errored))
     client.set_terminated(link.parent_run_id, "FINISHED")
     return run_ids

@@ -16,14 +16,16 @@ from detsweep.checkpoints import CONFIG_FILE, META_FILE, PREFIX
 from detsweep.config import TrialConfig
 from detsweep.data import Category
 from detsweep.models import build_model
-from detsweep.optim import MovingAverage, build_optimizer
+from detsweep.optim import MovingAverage, build_optimizer, build_schedule
 
 
 class TrainingState:
     """The trackable state of one training, created under the strategy's scope."""
 
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, moving_average: MovingAverage | None):
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, moving_average: MovingAverage | None,
+                 schedule: Callable | None = None):
         self.model, self.optimizer, self.moving_average = model, optimizer, moving_average
+        self.schedule = schedule  # the optimizer's learning-rate schedule: step → rate (to report it)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         parts = {"model": model, "optimizer": optimizer, "step": self.step}
         if moving_average is not None:
@@ -49,12 +51,11 @@ def build_training_state(config: TrialConfig, num_classes: int) -> tuple[Trainin
     averages; and the callable that computes the model's loss terms."""
     model, losses = build_model(config.model, num_classes)
     train = config.train
+    schedule = build_schedule(config.optimizer.learning_rate)
     optimizer = build_optimizer(config.optimizer, clip_norm=train.gradient_clipping_by_norm,
-                                mixed_precision=train.mixed_precision)
+                                mixed_precision=train.mixed_precision, schedule=schedule)
     optimizer.build(model.trainable_variables)
-    average = config.optimizer
-    moving_average = (MovingAverage.of_model(model, average.moving_average_decay, average.moving_average_dynamic_decay)
-                      if average.use_moving_average else None)
-    return TrainingState(model, optimizer, moving_average), losses
+    moving_average = MovingAverage.from_config(model, config.optimizer)
+    return TrainingState(model, optimizer, moving_average, schedule), losses
 
 

@@ -31,9 +31,7 @@ def load_trained_model(directory: str | Path, overrides: list[str] = ()) -> Trai
     meta = read_meta(directory)
     categories = [Category(c["id"], c["name"]) for c in meta["categories"]]
     model, _ = build_model(config.model, config.model.num_classes or len(categories))
-    average = config.optimizer
-    moving_average = (MovingAverage.of_model(model, average.moving_average_decay, average.moving_average_dynamic_decay)
-                      if average.use_moving_average else None)
+    moving_average = MovingAverage.from_config(model, config.optimizer)
     parts = {"model": model} | ({"moving_average": moving_average} if moving_average else {})
     tf.train.Checkpoint(**parts).read(str(directory / PREFIX)).expect_partial()
     return TrainedModel(config, model, moving_average, categories, meta["step"])

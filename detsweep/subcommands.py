@@ -1,0 +1,17 @@
+"""The one way detsweep declares a sub-command: ``detsweep NAME`` runs ``run(args)``, which
+returns the exit code; the summary is both the ``--help`` line and the description."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def add_command(commands: Any, name: str, run: Command, summary: str) -> argparse.ArgumentParser:
+    """``commands``: what ``add_subparsers()`` returned."""
+    sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+    sub.set_defaults(command=run)
+    return sub
