@@ -15,8 +15,22 @@ from detsweep.trainables.channel import (
     LoopSender,
     RayReport,
     RunEnded,
+    WorkersFailed,
     in_step_order,
 )
+
+
+class Notes:
+    """What the owner is told beside the stream, in the order told."""
+
+    def __init__(self):
+        self.told: list[tuple[str, object]] = []
+
+    def note_replayed(self, step: int) -> None:
+        self.told.append(("replayed", step))
+
+    def note_worker_failure(self, reason: str) -> None:
+        self.told.append(("failed", reason))
 
 
 def loop(step: int, milestone: bool = False, elsewhere: bool = False, **metrics) -> LoopMetrics:
@@ -67,6 +81,13 @@ def test_a_restarted_worker_group_replays_from_its_checkpoint_and_no_step_is_pas
              loop(3, attempt=2), loop(4, milestone=True), loop(5), report(4)]
     assert [(step, source) for step, source, _ in stream(*items)] == [(1, "loop"), (2, "ray"), (3, "loop"),
                                                                        (4, "ray"), (5, "loop")]
+    arrived, notes = queue.Queue(), Notes()
+    items.insert(5, WorkersFailed("the actor died unexpectedly"))  # Ray Train's poll saw it
+    for item in [*items, RunEnded()]:
+        arrived.put(item)
+    assert [m["step"] for m, _ in in_step_order(arrived, notes=notes)] == [1, 2, 3, 4, 5]
+    # passed on, then trained again: said, not dropped silently
+    assert notes.told == [("failed", "the actor died unexpectedly"), ("replayed", 3)]
 
 
 def test_a_step_trained_again_replaces_the_one_not_yet_passed_on():

@@ -131,17 +131,23 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     again.log_report({"step": 20, "train/loss": 0.7})
     again.log_report({"step": 30, "train/loss": 0.3, "eval/AP_best": 0.1},
                      ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 30))))
-    again.finish(error="loss is NaN/Inf at step 31")
+    again.log_report({"step": 40, "train/loss": 0.2})
+    again.note_worker_failure("the worker died")  # Ray Train restarts the group from step 30's checkpoint
+    again.note_replayed(40)  # the channel's word: the restarted group trained 40 again
+    again.log_report({"step": 50, "train/loss": 0.1})
+    again.finish(error="loss is NaN/Inf at step 51")
 
     client = MlflowClient(backend.uri)
     runs = client.search_runs([link.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{link.parent_run_id}'")
     assert [run.info.run_id for run in runs] == [first.run_id] == [again.run_id]
     run = runs[0]
-    assert run.info.status == "FAILED" and run.data.tags["detsweep.error"] == "loss is NaN/Inf at step 31"
+    assert run.info.status == "FAILED" and run.data.tags["detsweep.error"] == "loss is NaN/Inf at step 51"
     assert run.data.params["optimizer.learning_rate.learning_rate_base"] == "0.04"
     assert run.data.params["train.num_steps"] == str(sweep.base.train.num_steps)
     losses = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
-    assert sorted(losses) == [(10, 1.0), (20, 0.5), (30, 0.3)]  # the first value of step 20 stays
+    assert sorted(losses) == [(10, 1.0), (20, 0.5), (30, 0.3), (40, 0.2), (50, 0.1)]  # the first value of 20 stays
+    assert run.data.tags["detsweep.replayed_steps"] == "20-20, 40-40"  # kept from MLflow, never silent
+    assert run.data.tags["detsweep.worker_failures"] == "1: the worker died"
     # the best checkpoint is still step 10's (0.2 > 0.1); latest is step 30's
     assert run.data.tags["detsweep.checkpoint.best_step"] == "10" and run.data.tags["detsweep.checkpoint.latest_step"] == "30"
     best = Path(client.download_artifacts(run.info.run_id, "checkpoints/best", str(tmp_path)))
@@ -236,3 +242,40 @@ def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_
     run = client.get_run(stopped.run_id)
     assert run.info.status == "KILLED" and run.data.tags["detsweep.checkpoint.best_step"] == "5"
     assert {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/best")} == {"checkpoints/best/meta.json"}
+
+
+def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_path):
+    """``detsweep best`` on runs written by the trials' own code (no training needed to rank):
+    two sweeps launched under one name are ranked as one, by the sweep's metric and mode, or
+    by ``--metric``/``--mode``, cut to ``--top``."""
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    lr = "optimizer.learning_rate.learning_rate_base"
+    scores = {"first": {"t_1": (0.3, 0.5, 0.04), "t_2": (0.1, 0.2, 0.01)}, "second": {"t_3": (0.2, 0.9, 0.02)}}
+    parents = []
+    for results, trials in scores.items():  # the same sweep launched twice: two parent runs, one experiment
+        link = open_sweep_run(sweep, str(tmp_path / "ray" / results), backend, as_run(sweep))
+        parents.append(link.parent_run_id)
+        for trial_id, (ap, loss, rate) in trials.items():
+            run = TrialRun(link, trial_id, f"trial_{trial_id}", sweep.base, {lr: rate}, sweep.search.metric, "max")
+            run.log_report({"step": 10, "eval/AP_best": ap, "train/loss": loss})
+            run.finish()
+
+    def best(*flags: str) -> dict:
+        shown = run_cli("best", "quickstart", "--json", *flags, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        return json.loads(shown.stdout)
+
+    ranking = best()
+    assert (ranking["metric"], ranking["mode"]) == ("eval/AP_best", "max") == (sweep.search.metric, sweep.search.mode)
+    assert sorted(ranking["parent_run_ids"]) == sorted(parents)
+    assert [(t["trial_id"], t["value"]) for t in ranking["trials"]] == [("t_1", 0.3), ("t_3", 0.2), ("t_2", 0.1)]
+    assert [t["swept"][lr] for t in ranking["trials"]] == [0.04, 0.02, 0.01]  # what each trial swept
+    by_loss = best("--metric", "train/loss", "--mode", "min", "--top", "2")
+    assert (by_loss["metric"], by_loss["mode"]) == ("train/loss", "min")
+    assert [(t["trial_id"], t["value"]) for t in by_loss["trials"]] == [("t_2", 0.2), ("t_1", 0.5)]
+    table = run_cli("best", "quickstart", "--top", "1", cwd=tmp_path)
+    assert table.returncode == 0 and "t_1" in table.stdout and "t_3" not in table.stdout, table.stdout

@@ -3,7 +3,10 @@
 A trial that Ray Train restarts after a worker failure, or that ``detsweep resume`` runs
 again, finds its run by the ``detsweep.trial_id`` tag and continues it: params already
 logged are not logged again, and metrics at steps already logged are skipped (the steps
-between a checkpoint and a failure are trained twice; the run keeps the first values).
+between a checkpoint and a failure are trained twice; the run keeps the first values). The
+steps trained twice are not hidden: the run's ``detsweep.replayed_steps`` tag lists them as
+ranges (``12-16, 32-36``), so a restart that went back further than its last checkpoint shows;
+``detsweep.worker_failures`` counts Ray Train's restarts of the workers, with the last reason.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ TRIAL_TAG = "detsweep.trial_id"
 ROLE_TAG = "detsweep.role"
 PARENT_TAG = "mlflow.parentRunId"
 BEST_STEP_TAG = "detsweep.checkpoint.best_step"
+REPLAYED_TAG = "detsweep.replayed_steps"
+WORKER_FAILURES_TAG = "detsweep.worker_failures"
 MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limit
 
 
@@ -80,6 +85,8 @@ class TrialRun:
         self.tags |= tags or {}
         self.run_id: str | None = None
         self.last_step = -1
+        self.replayed = ReplayedSteps()
+        self.worker_failures: list[str] = []
         self.best: float | None = None
         # Checkpoints are uploaded from copies: Ray Train drops its own (num_to_keep) on its
         # schedule, which need not wait for a writer that lags behind a slow server.
@@ -99,6 +106,9 @@ class TrialRun:
             self.client.update_run(self.run_id, status="RUNNING")
             history = self.client.get_metric_history(self.run_id, "train/loss")
             self.last_step = max((m.step for m in history), default=-1)
+            self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
+            failures = run.data.tags.get(WORKER_FAILURES_TAG)
+            self.worker_failures = [""] * int(failures.split(":")[0]) if failures else []
             best = run.data.tags.get("detsweep.best_value")
             self.best = float(best) if best is not None else None
             return
@@ -130,6 +140,22 @@ class TrialRun:
             copy = self._snapshot(checkpoint, step)
             self.writer.submit(f"the checkpoint at step {step}", lambda: self._log_checkpoint(copy, step, score))
 
+    def note_replayed(self, step: int) -> None:
+        """``step`` was trained again after it was reported (a restart from an earlier checkpoint)."""
+        self.writer.submit(f"the replayed step {step}", lambda: self._note_replayed(step))
+
+    def note_worker_failure(self, reason: str) -> None:
+        """Ray Train found failed workers; it restarts them from the latest checkpoint."""
+        self.writer.submit("a worker failure", lambda: self._note_worker_failure(reason))
+
+    def _note_worker_failure(self, reason: str) -> None:
+        self.worker_failures.append(reason)
+        self.client.set_tag(self.run_id, WORKER_FAILURES_TAG, f"{len(self.worker_failures)}: {reason}"[:5000])
+
+    def _note_replayed(self, step: int) -> None:
+        self.replayed.add(step)
+        self.client.set_tag(self.run_id, REPLAYED_TAG, str(self.replayed))
+
     def _log_metrics(self, step: int, values: dict[str, float], force: bool = False) -> None:
         import time
 
@@ -137,7 +163,8 @@ class TrialRun:
 
         if force:  # values from here on; never at a step this key already has
             step = max(step, self.last_step + 1)
-        elif step <= self.last_step:
+        elif step <= self.last_step:  # this run has it: a resumed trial went back to its checkpoint
+            self._note_replayed(step)
             return
         if not values:
             return
@@ -145,6 +172,7 @@ class TrialRun:
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
         if not force:
             self.last_step = step
+            self.replayed.close_range()
 
     def _log_picture(self, step: int | None, png: bytes, folder: str) -> None:
         """``detections/step_000200.png`` (a step trained twice, after a restart, overwrites
@@ -197,6 +225,31 @@ class TrialRun:
                 self.client.set_tag(self.run_id, "detsweep.lost_writes", "; ".join(lost)[:5000])
             except Exception:  # the server is still away: the lost list is in the trial's log
                 pass
+
+
+class ReplayedSteps:
+    """Steps reported again, as ranges: one range per restart that went back."""
+
+    def __init__(self, ranges: list[list[int]] | None = None):
+        self.ranges = ranges or []
+        self.open = False  # the last range grows until a new step is logged
+
+    def add(self, step: int) -> None:
+        if self.open and step > self.ranges[-1][1]:
+            self.ranges[-1][1] = step
+        else:
+            self.ranges.append([step, step])
+            self.open = True
+
+    def close_range(self) -> None:
+        self.open = False
+
+    def __str__(self) -> str:
+        return ", ".join(f"{first}-{last}" for first, last in self.ranges)
+
+    @classmethod
+    def parse(cls, text: str) -> ReplayedSteps:
+        return cls([[int(n) for n in part.split("-")] for part in text.split(", ") if part])
 
 
 def _link_or_copy(source: str, target: str) -> None:

@@ -29,10 +29,12 @@ import queue as local
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import ray.train
 from ray.util.queue import Queue
+
+from detsweep.errors import failure_reason
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,14 @@ class EvaluationError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class WorkersFailed:
+    """Ray Train's poll found failed workers: it restarts the group from its latest checkpoint,
+    or, past ``max_failures``, ends the run."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class RunEnded:
     """``trainer.fit()`` returned or raised: nothing more will come."""
 
@@ -89,6 +99,31 @@ class ForwardReports(ray.train.UserCallback):
 
     def after_report(self, run_context, metrics, checkpoint) -> None:
         self.reports.put(RayReport(int(metrics[0]["step"]), metrics[0], checkpoint))
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        reasons = sorted({failure_reason(error) for error in worker_exceptions.values()})
+        self.reports.put(WorkersFailed("; ".join(reasons)))
+
+
+class RunNotes(Protocol):
+    """What the owner of a run is told beside its reports: it never changes what is passed on."""
+
+    def note_replayed(self, step: int) -> None:
+        """``step`` was trained again after it was passed on (a restart went back to a checkpoint)."""
+
+    def note_worker_failure(self, reason: str) -> None:
+        """Ray Train found failed workers (and restarts them from the latest checkpoint)."""
+
+
+class _NoNotes:
+    def note_replayed(self, step: int) -> None:
+        pass
+
+    def note_worker_failure(self, reason: str) -> None:
+        pass
+
+
+NO_NOTES = _NoNotes()
 
 
 class LoopSender:
@@ -121,13 +156,14 @@ class LoopSender:
                 self.pending.task_done()
 
 
-def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: None
+def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: None, notes: RunNotes = NO_NOTES,
                   ) -> Iterator[tuple[dict[str, Any], ray.train.Checkpoint | None]]:
     """Every step's metrics once, in step order, until the run ends: a loop's own metrics, or
     for a milestone Ray Train's report of it with its checkpoint, and the evaluation of that
     checkpoint when it ran elsewhere (the loops after a milestone wait here, never in the
     worker, until all of it arrived). A step trained again after a restart replaces one not
-    yet passed on; one already passed on is dropped. ``settled(step)`` is called once an
+    yet passed on; one already passed on is dropped, and ``notes`` hears of it (a restart that
+    went back further than its checkpoint shows there), as of failed workers. ``settled(step)`` is called once an
     evaluated step was passed on (and its consumer returned) or dropped: only then may Ray
     Train delete that checkpoint. Raises :class:`EvaluationError` when an evaluation failed."""
     loops: dict[int, LoopMetrics] = {}
@@ -139,6 +175,8 @@ def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: 
         item = reports.get()
         if isinstance(item, RunEnded):
             ended = True
+        elif isinstance(item, WorkersFailed):
+            notes.note_worker_failure(item.reason)
         elif isinstance(item, EvaluationFailed):
             raise EvaluationError(f"the evaluation of step {item.step} failed: {item.reason}")
         elif isinstance(item, Evaluation):
@@ -157,6 +195,8 @@ def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: 
                 source = report or loop
                 metrics = source.metrics if source else {"step": step}
                 yield {**metrics, **evaluation.metrics} if evaluation else metrics, report.checkpoint if report else None
+            else:
+                notes.note_replayed(step)
             if evaluation is not None:
                 settled(step)
 

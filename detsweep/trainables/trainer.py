@@ -17,7 +17,7 @@ from detsweep.config import ScalingConfig, TrialConfig
 from detsweep.errors import DetsweepError, failure_reason, stderr_held_back
 from detsweep.startup import StartupClock
 
-from .channel import EvaluationError, ForwardReports, RunEnded, in_step_order
+from .channel import NO_NOTES, EvaluationError, ForwardReports, RunEnded, RunNotes, in_step_order
 from .evaluator import evaluation_task
 from .tf_config import TensorflowWorkers
 from .worker import train_loop_per_worker
@@ -140,10 +140,11 @@ Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]
 
 def stream_training(config: TrialConfig, name: str, storage_path: str | None, on_report: Handler,
                     restore_from: str | None = None, pictures: bool = False,
-                    startup: StartupClock | None = None) -> str | None:
+                    startup: StartupClock | None = None, notes: RunNotes = NO_NOTES) -> str | None:
     """Train ``config`` through Ray Train, handing ``on_report`` every loop's metrics in step
-    order, in this thread, with the checkpoint where a loop saved one; returns why training
-    failed, or None. The workers never wait for this process (:mod:`.channel`)."""
+    order, in this thread, with the checkpoint where a loop saved one; ``notes`` hears of failed
+    workers and of steps trained again after a restart. Returns why training failed, or None.
+    The workers never wait for this process (:mod:`.channel`)."""
     reports = Queue(actor_options={"num_cpus": 0})
     settled = Queue(actor_options={"num_cpus": 0}) if config.train.evaluation == "async" else None
     trainer = make_trainer(config, name, reports, storage_path, restore_from=restore_from, pictures=pictures,
@@ -160,7 +161,8 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
 
     threading.Thread(target=fit, name="detsweep-fit", daemon=True).start()
     try:
-        for metrics, checkpoint in in_step_order(reports, settled.put if settled is not None else lambda step: None):
+        settle = settled.put if settled is not None else lambda step: None
+        for metrics, checkpoint in in_step_order(reports, settle, notes):
             on_report(metrics, checkpoint)
     except EvaluationError as error:  # the run has no score at that step: it cannot go on
         return str(error)

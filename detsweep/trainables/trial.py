@@ -83,8 +83,8 @@ def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run:
                   on_report: Callable[[dict, Any], None], restore_from: str | None = None,
                   progress: bool = False, startup: StartupClock | None = None) -> str | None:
     """Train ``config`` through Ray Train; every report goes to ``run`` (MLflow), to this
-    process's console when ``progress``, then, without its pictures, to ``on_report``.
-    Returns why training failed, or None."""
+    process's console when ``progress``, then, without its pictures, to ``on_report``; a step
+    trained again after a restart, and failed workers, are noted on ``run``. Returns why training failed, or None."""
     lines = ProgressLines(config.train.num_steps) if progress else None
 
     def log(metrics: dict, checkpoint) -> None:
@@ -93,7 +93,8 @@ def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run:
             lines(metrics, checkpoint)
         on_report(without_pictures(metrics), checkpoint)
 
-    return stream_training(config, name, storage_path, log, restore_from=restore_from, pictures=True, startup=startup)
+    return stream_training(config, name, storage_path, log, restore_from=restore_from, pictures=True, startup=startup,
+                           notes=run)
 
 
 def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) -> TrialRun:
