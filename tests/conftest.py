@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,12 +26,35 @@ def write(tmp_path: Path):
     return _write
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the installed ``detsweep`` command as a user would, in a separate process."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "detsweep.cli", *args], capture_output=True, text=True, cwd=cwd or REPO, env=env
-    )
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run the installed ``detsweep`` command as a user would, in a separate process; past
+    ``timeout`` seconds it is killed with everything it started (a local Ray cluster)."""
+    command = [sys.executable, "-m", "detsweep.cli", *args]
+    return run_bounded(command, cwd=cwd or REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                       timeout=timeout)
+
+
+def run_bounded(command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True)`` in a session of its own,
+    whose every process is killed when ``timeout`` passes (then the test fails, saying so)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, **options)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(process)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{' '.join(command[2:])} still ran after {timeout:.0f} s; its stderr ends:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL ``process`` and every process of its session (it was started with start_new_session)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended already
+        pass
 
 
 @pytest.fixture(autouse=True)

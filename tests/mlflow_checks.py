@@ -66,11 +66,12 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
             evaluated = [step for step in steps if step % (eval_every or every) == 0 or step == num_steps]
             assert pictures == {f"detections/step_{step:06d}.png" for step in evaluated}, pictures
     best = children[report["best"]["trial_id"]]
-    check_best_checkpoint(client, report, best)
-    if registered:
-        check_registered_model(client, report, best)
-    else:
-        assert report["mlflow"]["registered_model"] is None
+    with tempfile.TemporaryDirectory() as scratch:
+        check_best_checkpoint(client, report, best, Path(scratch))
+        if registered:
+            check_registered_model(client, report, best, Path(report["best"]["checkpoint"]))
+        else:
+            assert report["mlflow"]["registered_model"] is None
     return children
 
 
@@ -78,8 +79,8 @@ def artifacts(client, run_id: str, path: str | None = None) -> set[str]:
     return {entry.path for entry in client.list_artifacts(run_id, path)}
 
 
-def check_best_checkpoint(client, report: dict, run) -> None:
-    """The best trial's checkpoint artifact restores into a model."""
+def check_best_checkpoint(client, report: dict, run, into: Path) -> Path:
+    """The best trial's checkpoint artifact restores into a model; returns where it was downloaded."""
     from mlflow.artifacts import download_artifacts
 
     from detsweep.train.restore import load_trained_model
@@ -87,28 +88,41 @@ def check_best_checkpoint(client, report: dict, run) -> None:
     uri = report["mlflow"]["tracking_uri"]
     listed = artifacts(client, run.info.run_id, "checkpoints/best")
     assert {f"checkpoints/best/{name}" for name in ("ckpt.index", "config.yaml", "meta.json")} <= listed, listed
-    with tempfile.TemporaryDirectory() as scratch:
-        directory = download_artifacts(run_id=run.info.run_id, artifact_path="checkpoints/best", tracking_uri=uri,
-                                       dst_path=scratch)
-        restored = load_trained_model(directory)
+    directory = download_artifacts(run_id=run.info.run_id, artifact_path="checkpoints/best", tracking_uri=uri,
+                                   dst_path=str(into))
+    restored = load_trained_model(directory)
     assert restored.step == int(run.data.tags["detsweep.checkpoint.best_step"])
+    return Path(directory)
 
 
-def check_registered_model(client, report: dict, run) -> None:
-    """The registered model was logged from the best trial's run and detects on images of any size."""
+def check_registered_model(client, report: dict, run, checkpoint: Path) -> None:
+    """The registered model was logged from the best trial's run, with the moving-average
+    weights when they scored better, and detects on the trial's own val images (at their own
+    size) what its ``checkpoint`` (the one Tune kept as the best) detects."""
     import mlflow
+
+    from detsweep.checkpoints import read_config
+    from detsweep.data import load_dataset
+    from detsweep.evaluation.pictures import read_image
+    from detsweep.export.detector import Detector
 
     uri = report["mlflow"]["tracking_uri"]
     registered = report["mlflow"]["registered_model"]
     assert registered["name"] == report["name"]
     version = client.get_model_version(registered["name"], str(registered["version"]))
     assert version.tags["source_run_id"] == run.info.run_id
+    scores = report["best"]["metrics"]
+    averaged = scores.get("eval_ema/AP", -1.0) >= scores.get("eval/AP", -1.0)
+    assert version.tags["moving_average"] == str(averaged).lower(), (version.tags, scores)
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model(f"models:/{registered['name']}/{registered['version']}")
-    out = model.predict(np.random.default_rng(0).integers(0, 255, (2, 90, 70, 3), dtype=np.uint8))
-    assert out["detection_boxes"].shape[:1] == (2,) and out["detection_boxes"].shape[-1] == 4
-    assert out["num_detections"].shape == (2,)
-    assert ((out["detection_boxes"] >= 0) & (out["detection_boxes"] <= 1)).all()
+    detector = Detector.from_checkpoint(str(checkpoint), use_average=averaged)
+    for example in load_dataset(read_config(checkpoint).data.val).examples[:2]:
+        image = read_image(example)[None]
+        served, expected = model.predict(image), detector.detect(image)
+        np.testing.assert_array_equal(served["num_detections"], expected["num_detections"])
+        for key in ("detection_boxes", "detection_scores", "detection_classes"):
+            np.testing.assert_allclose(served[key], expected[key], atol=1e-4, err_msg=key)
 
 
 def write_auth_config(tmp_path: Path) -> Path:

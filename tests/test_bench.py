@@ -3,20 +3,18 @@ table. This checks the scripts, not the figures (benchmarks are never timed test
 
 import json
 import math
-import subprocess
 import sys
 
 from bench.common import Entry, render, throughputs
 
-from .conftest import REPO
+from .conftest import REPO, run_bounded
 
 EXPECTED = {"train_step", "train_step_loops", "startup_1w", "input_pipeline", "scaling_cpu", "early_stopping"}
 
 
 def test_every_benchmark_runs_and_records_its_table(tmp_path):
     out = tmp_path / "results.json"
-    result = subprocess.run([sys.executable, "-m", "bench.run_all", "--smoke", "--out", str(out)],
-                            cwd=REPO, capture_output=True, text=True)
+    result = run_bounded([sys.executable, "-m", "bench.run_all", "--smoke", "--out", str(out)], cwd=REPO, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(out.read_text())
     assert set(results) == EXPECTED

@@ -31,7 +31,7 @@ from detsweep.train.restore import load_trained_model
 from .conftest import RACCOON, REPO
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
-# Long enough for an AP well above zero (AP50 0.1 to 0.3 over runs), so that comparing APs means
+# Long enough for an AP well above zero (AP50 0.038 to 0.3 over runs), so that comparing APs means
 # something; about 90 s on two idle cores.
 STEPS = 120
 TRAINING = [
@@ -136,10 +136,15 @@ def test_the_saved_model_scores_the_ap_that_trainings_evaluation_scores(request,
     serve = serving(directory)
     exported = [d for example in val_set.examples for d in coco_detections(serve(read_image(example)[None]), example)]
     expected = evaluate_detections(val_set.to_coco(), training_detections[prefix])
-    assert expected["AP50"] > 0.05  # trained enough for the comparison to mean something
+    # Trained enough for the comparison to mean something: well above the tolerance (120 steps
+    # scored AP50 as low as 0.038 here; comparing detections of nothing would be no test).
+    assert expected["AP50"] > 4 * AP_TOLERANCE
     scored = evaluate_detections(val_set.to_coco(), exported)
     for metric in ("AP", "AP50"):
-        assert scored[metric] == pytest.approx(expected[metric], abs=0.005), metric
+        assert scored[metric] == pytest.approx(expected[metric], abs=AP_TOLERANCE), metric
+
+
+AP_TOLERANCE = 0.005  # float noise moves a few low-scored detections across an IoU threshold
 
 
 def coco_detections(outputs: dict[str, np.ndarray], example: Example) -> list[dict]:
@@ -185,6 +190,28 @@ def test_predict_draws_every_image_and_prints_json(checkpoint, saved_model, tmp_
     for image in images:
         with Image.open(out / f"{image.stem}.png") as picture:
             assert picture.format == "PNG"
+
+
+def test_predict_from_a_checkpoint_keeps_what_scores_at_least_min_score(checkpoint, saved_model, tmp_path, capsys):
+    """``--from checkpoint:<folder>`` detects what the exported model detects (the moving
+    average both); ``--min-score`` keeps exactly the detections that score that much."""
+    shapes = tmp_path / "shapes.png"
+    Image.fromarray(val_images(checkpoint, 1, (96, 128))[0]).save(shapes)
+
+    def predicted(*flags: str) -> list[dict]:
+        assert detsweep("predict", *flags, str(shapes), "--json") == 0
+        [image] = json.loads(capsys.readouterr().out)["images"]
+        return image["detections"]
+
+    everything = predicted("--model", str(saved_model), "--min-score", "0")
+    scores = sorted((d["score"] for d in everything), reverse=True)
+    assert len(scores) >= 2, scores
+    threshold = (scores[0] + scores[1]) / 2  # between the two best: exactly one is kept
+    from_checkpoint = predicted("--from", f"checkpoint:{checkpoint}", "--min-score", str(threshold))
+    [kept] = [d for d in everything if d["score"] >= threshold]
+    assert len(from_checkpoint) == 1 and from_checkpoint[0]["class_id"] == kept["class_id"]
+    assert from_checkpoint[0]["score"] == pytest.approx(kept["score"], abs=1e-4)
+    np.testing.assert_allclose(from_checkpoint[0]["box"], kept["box"], atol=1e-3)
 
 
 def test_an_export_from_an_mlflow_run_is_logged_to_that_run(checkpoint, tmp_path, monkeypatch, capsys):

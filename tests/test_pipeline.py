@@ -45,6 +45,19 @@ def test_scale_crop_zoom_keeps_boxes_on_their_objects_inside_the_window():
     assert kept.any()
     assert (boxes[kept] >= 0).all() and (boxes[kept] <= 128).all()
     assert (boxes[~kept] == -1).all()
+    # Where the window lies in the image zoomed 2x, found from the pixels alone; each kept box
+    # covers there the pixels its object covers in the zoomed image (the shapes' saturated colours).
+    upscaled = tf.image.resize(element["image"], (256, 256)).numpy()
+    window = zoomed["image"].numpy()
+    top, left = min(((y, x) for y in range(129) for x in range(129)),
+                    key=lambda at: np.abs(upscaled[at[0]:at[0] + 8, at[1]:at[1] + 8] - window[:8, :8]).sum())
+    np.testing.assert_allclose(window, upscaled[top:top + 128, left:left + 128], atol=1e-3)
+    original = element["boxes"].numpy()[kept]
+    np.testing.assert_allclose(boxes[kept], np.clip(original * 2 - [top, left, top, left], 0, 128), atol=1e-3)
+    for box in boxes[kept]:
+        inside = box_pixels_mean(window, box)
+        assert inside == pytest.approx(box_pixels_mean(upscaled, box + [top, left, top, left]), abs=1.0)
+        assert abs(inside - float(window.mean())) > 5  # an object's colour, not the grey background
 
 
 def test_scale_crop_shrink_pads_later_and_scales_boxes():

@@ -106,7 +106,7 @@ def test_bad_sweep_files_fail_in_one_line(write, search, expected):
 def test_resources_no_node_can_satisfy(write):
     path = sweep_file(write, "  num_samples: 1\n")
     sweep = load_sweep(path, ["base.scaling.cpus_per_worker=64"])
-    with pytest.raises(DetsweepError, match=r"base.scaling.cpus_per_worker: found 64.0, expected <= 2"):
+    with pytest.raises(DetsweepError, match=r"base.scaling.cpus_per_worker: found 64, expected <= 2"):
         validation_report(sweep, [{"CPU": 2.0}])
     assert validation_report(sweep, [{"CPU": 2.0}], strict=False)["notes"]  # a dry run only notes it
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, kill_session, run_cli
 from .mlflow_checks import assert_no_secret, check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -65,9 +65,12 @@ def lr_of(trial: dict) -> float:
     return trial["config"]["optimizer.learning_rate.learning_rate_base"]
 
 
-def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tmp_path):
-    # Ranked by the learning rate itself (train/lr, max), ASHA's decisions are known in
-    # advance: the two smallest rates lose at the first rung, wherever they arrive.
+@pytest.fixture(scope="module")
+def asha_sweep(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess, dict]:
+    """Ranked by the learning rate itself (train/lr, max), ASHA's decisions are known in
+    advance: the two smallest rates lose at the first rung, wherever they arrive; the huge
+    one diverges. Returns the sweep's folder, its file, and what ``launch --json`` gave."""
+    tmp_path = tmp_path_factory.mktemp("asha")
     sweep = tiny_sweep(tmp_path, """
   metric: train/lr
   mode: max
@@ -79,6 +82,11 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tmp
     optimizer.learning_rate.learning_rate_base: {grid: [0.02, 0.01, 1.0e+12, 0.0001, 0.00003]}
 """)
     result, report = launch_json(str(sweep), cwd=tmp_path)
+    return tmp_path, sweep, result, report
+
+
+def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(asha_sweep):
+    tmp_path, sweep, result, report = asha_sweep
     assert result.returncode == 1, result.stderr[-3000:]  # one trial errored
     by_lr = {lr_of(trial): trial for trial in report["trials"]}
     assert set(by_lr) == {0.02, 0.01, 1e12, 0.0001, 0.00003}
@@ -119,7 +127,34 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tmp
     failed = children[diverged["trial_id"]]
     assert "loss is NaN/Inf at step" in failed.data.tags["detsweep.error"]
     assert (tmp_path / "mlartifacts" / "tiny").is_dir()
-    check_mlflow_ui(report, cwd=tmp_path, screenshot=tmp_path / "mlflow-ui.png")
+
+
+def test_the_mlflow_ui_shows_the_sweep_run_and_its_trials_runs_nested(asha_sweep, tmp_path):
+    folder, _, _, report = asha_sweep
+    check_mlflow_ui(report, cwd=folder, screenshot=tmp_path / "mlflow-ui.png")
+
+
+def test_resume_with_retry_errored_runs_the_errored_trial_again_and_only_it(asha_sweep):
+    """``resume --retry-errored`` of the ASHA sweep: its diverged trial runs again (and diverges
+    again: a new end on its MLflow run); the trials that ended are left as they were."""
+    from mlflow import MlflowClient
+
+    folder, _, _, report = asha_sweep
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
+    ended = {t["trial_id"]: client.get_run(t["mlflow_run_id"]).info.end_time for t in report["trials"]}
+    rows = {trial_id: len(found) for trial_id, found in results_of(Path(report["path"])).items()}
+    result = run_cli("resume", report["path"], "--retry-errored", "--no-register", "--json", cwd=folder)
+    assert result.returncode == 1, result.stderr[-3000:]  # the retried trial failed again
+    again = json.loads(result.stdout)
+    assert {(t["trial_id"], t["status"]) for t in again["trials"]} == {(t["trial_id"], t["status"]) for t in report["trials"]}
+    for trial in report["trials"]:
+        run = client.get_run(trial["mlflow_run_id"])
+        if trial["status"] == "ERROR":
+            assert run.info.end_time > ended[trial["trial_id"]] and run.info.status == "FAILED"
+            assert "loss is NaN/Inf at step" in run.data.tags["detsweep.error"]
+        else:
+            assert run.info.end_time == ended[trial["trial_id"]], trial  # not run again
+    assert {trial_id: len(found) for trial_id, found in results_of(Path(report["path"])).items()} == rows
 
 
 @pytest.mark.timeout(480)  # 2 min here; an evaluation whose step is never settled holds Ray Train 5 min
@@ -247,31 +282,49 @@ def test_pbt_exploit_continues_from_the_better_trials_checkpoint_with_a_well_def
 def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
     """Mid-trial, the MLflow server goes away for 30 s and the training worker is killed.
     Ray Train restarts the worker from its checkpoint and the trial ends at exactly
-    num_steps; what the trial logged while the server was away arrives once it is back;
-    the trial keeps one MLflow run with every loop once, in order: loops of 2 steps, most of
-    them past Ray Train (which polls its workers only every 10 s here) down the report channel."""
+    num_steps; what the trial logged while the server was away is retried and arrives once it
+    is back; the trial keeps one MLflow run with every loop once, in order: loops of 2 steps,
+    most of them past Ray Train (which polls its workers only every 10 s here) down the
+    report channel. The steps trained twice are on the run, and none is older than the
+    checkpoint the kill found."""
     sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n", num_steps=40, every=10,
                        loop=2, scaling="{max_failures: 1}")
     port = free_port()
     with mlflow_server(tmp_path, port=port) as uri:
         launch = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--json", "--no-register"],
                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True,
                                   env={**os.environ, "MLFLOW_TRACKING_URI": uri, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
         assert wait_for_train_metric(uri) < 40
     down_at = time.monotonic()  # the server is stopped; the trial trains on
-    killed = wait_and_kill_worker(tmp_path / "ray")
-    time.sleep(max(0.0, 30 - (time.monotonic() - down_at)))
-    with mlflow_server(tmp_path, port=port):
-        stdout, stderr = launch.communicate(timeout=600)
-        assert killed, "no Ray Train worker was found to kill"
-        assert launch.returncode == 0, stderr[-3000:]
-        report = json.loads(stdout)
-        trial = report["trials"][0]
-        assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40
-        steps = [row["step"] for row in next(iter(results_of(Path(report["path"])).values()))]
-        assert steps == list(range(2, 41, 2))  # continued from the checkpoint: no step reported twice
-        run = check_mlflow_runs(report, num_steps=40, every=2, eval_every=10, registered=False)[trial["trial_id"]]
-        assert "detsweep.lost_writes" not in run.data.tags
+    try:
+        checkpointed = kill_train_worker_after_a_checkpoint(tmp_path / "ray", session=launch.pid)
+        time.sleep(max(0.0, 30 - (time.monotonic() - down_at)))  # the outage lasts 30 s
+        with mlflow_server(tmp_path, port=port):
+            stdout, stderr = launch.communicate(timeout=600)
+            check_killed_worker_run(stdout, stderr, launch.returncode, checkpointed)
+    finally:
+        kill_session(launch)
+
+
+def check_killed_worker_run(stdout: str, stderr: str, returncode: int, checkpointed: int) -> None:
+    assert returncode == 0, stderr[-3000:]
+    assert checkpointed < 40  # the kill landed mid-training
+    assert "failed (" in stderr and "retrying in" in stderr  # a write hit the outage and was retried
+    report = json.loads(stdout)
+    trial = report["trials"][0]
+    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40
+    steps = [row["step"] for row in next(iter(results_of(Path(report["path"])).values()))]
+    assert steps == list(range(2, 41, 2))  # continued from the checkpoint: no step reported twice
+    run = check_mlflow_runs(report, num_steps=40, every=2, eval_every=10, registered=False)[trial["trial_id"]]
+    assert "detsweep.lost_writes" not in run.data.tags
+    # Ray Train saw the dead worker and restarted the group once; what it trained again (if
+    # the kill came after loops past the checkpoint had been passed on) is after that checkpoint.
+    assert run.data.tags["detsweep.worker_failures"].startswith("1: "), run.data.tags
+    replayed = run.data.tags.get("detsweep.replayed_steps")
+    if replayed:
+        [(first, last)] = [tuple(map(int, part.split("-"))) for part in replayed.split(", ")]
+        assert checkpointed < first <= last < 40, (replayed, checkpointed)
 
 
 def wait_for_train_metric(uri: str, timeout_s: float = 300) -> int:
@@ -290,21 +343,51 @@ def wait_for_train_metric(uri: str, timeout_s: float = 300) -> int:
     raise AssertionError("no trial logged a training step in time")
 
 
-def wait_and_kill_worker(storage: Path, timeout: float = 300) -> bool:
-    """Once the trial's Ray Train run has saved a checkpoint, SIGKILL its training worker
-    (Ray names the process ``ray::RayTrainWorker…``)."""
-    deadline = time.monotonic() + timeout
+def kill_train_worker_after_a_checkpoint(storage: Path, session: int, timeout_s: float = 300) -> int:
+    """Once Ray Train has registered a checkpoint of the trial's run, SIGKILL its training
+    worker (Ray names the process ``ray::RayTrainWorker…``), found among the processes of
+    ``session`` only; returns the step of the latest checkpoint Ray Train had registered: the
+    one a restart goes on from. (A checkpoint saved but not yet reported, for a poll that
+    never came, is not one: a restart goes back before it.)"""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if list(storage.glob("*-train-*/checkpoint_*")):
-            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-                try:
-                    if b"RayTrainWorker" in cmdline.read_bytes():
-                        os.kill(int(cmdline.parent.name), signal.SIGKILL)
-                        return True
-                except (OSError, ProcessLookupError):  # the process ended while we looked
-                    continue
+        registered = [step for path in storage.glob("*-train-*/checkpoint_manager_snapshot.json")
+                      for step in registered_steps(path)]
+        workers = [pid for pid in session_processes(session) if b"RayTrainWorker" in command_line(pid)]
+        if registered and workers:
+            os.kill(workers[0], signal.SIGKILL)
+            return max(registered)
         time.sleep(0.5)
-    return False
+    raise AssertionError("no Ray Train worker with a registered checkpoint was found to kill in time")
+
+
+def registered_steps(snapshot: Path) -> list[int]:
+    """The steps of the checkpoints in Ray Train's checkpoint manager snapshot."""
+    try:
+        results = json.loads(snapshot.read_text())["checkpoint_results"]
+    except (OSError, ValueError, KeyError):  # being written
+        return []
+    return [int(result["metrics"]["step"]) for result in results]
+
+
+def session_processes(session: int) -> list[int]:
+    """The processes of one session (``start_new_session``): what that command started, and only that."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        if int(fields[3]) == session:  # after the name: state, ppid, pgrp, session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_trials(tmp_path):
@@ -319,12 +402,10 @@ def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_t
     driver = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep)], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     experiment = tmp_path / "ray" / "tiny"
-    deadline = time.monotonic() + 300
-    while not list(experiment.glob("trial_*/checkpoint_*")) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert list(experiment.glob("trial_*/checkpoint_*")), "no trial saved a checkpoint in time"
-    time.sleep(2)  # let Tune write its experiment state with that checkpoint
-    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
+    try:
+        wait_until_tune_state_names(experiment, "checkpoint_000000")
+    finally:
+        kill_session(driver)  # the driver and the local Ray cluster it started
     driver.wait()
     killed_at = time.time()
 
@@ -345,6 +426,22 @@ def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_t
             assert after == [] or after[0] > 10, (trial_id, before, after)
 
 
+def wait_until_tune_state_names(experiment: Path, checkpoint: str, timeout_s: float = 300) -> None:
+    """Until Tune's experiment state (what ``resume`` reads) holds a trial's ``checkpoint``:
+    Tune pickles each trial's checkpoints into that JSON file, as hex."""
+    needle = checkpoint.encode().hex()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for state in experiment.glob("experiment_state-*.json"):
+            try:
+                if needle in state.read_text():
+                    return
+            except OSError:  # being replaced
+                pass
+        time.sleep(0.5)
+    raise AssertionError(f"Tune's experiment state never named a {checkpoint} in time")
+
+
 def test_a_sweep_spreads_over_a_two_node_cluster_by_address_and_by_ray_job_submit(tmp_path):
     """A real two-node Ray cluster on this machine (a head and a second raylet, one CPU
     each): each trial's worker lands on its own node."""
@@ -361,6 +458,15 @@ def test_a_sweep_spreads_over_a_two_node_cluster_by_address_and_by_ray_job_submi
         nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
         assert len(nodes) == 2
         search = "  num_samples: 2\n  metric: train/loss\n  mode: min\n"
+
+        # validate --address sizes the sweep for that cluster (one CPU per node), not for this machine
+        sized = tiny_sweep(tmp_path, search, name="sized")
+        fits = run_cli("validate", str(sized), "--address", cluster.address, "--json")
+        assert fits.returncode == 0 and json.loads(fits.stdout)["trials_at_once"] == 2, fits.stderr[-2000:]
+        too_big = run_cli("validate", str(sized), "--address", cluster.address, "--set", "base.scaling.cpus_per_worker=2")
+        assert too_big.returncode == 2 and too_big.stderr.strip() == (
+            f"detsweep: error: {sized}: base.scaling.cpus_per_worker: found 2, expected <= 1 (the most CPUs any node has)")
+        assert run_cli("validate", str(sized), "--set", "base.scaling.cpus_per_worker=2").returncode == 0  # fits here
 
         seen = watch_train_worker_nodes()
         result, report = launch_json(str(tiny_sweep(tmp_path, search, num_steps=10, name="by_address")),

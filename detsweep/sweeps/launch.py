@@ -24,10 +24,10 @@ def check_resources(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
     largest_cpu = max((node.get("CPU", 0.0) for node in nodes), default=0.0)
     largest_gpu = max((node.get("GPU", 0.0) for node in nodes), default=0.0)
     if scaling.cpus_per_worker > largest_cpu:
-        raise DetsweepError(f"{sweep.path}: base.scaling.cpus_per_worker: found {scaling.cpus_per_worker}, "
+        raise DetsweepError(f"{sweep.path}: base.scaling.cpus_per_worker: found {scaling.cpus_per_worker:g}, "
                             f"expected <= {largest_cpu:g} (the most CPUs any node has)")
     if scaling.use_gpu and scaling.gpus_per_worker > largest_gpu:
-        raise DetsweepError(f"{sweep.path}: base.scaling.gpus_per_worker: found {scaling.gpus_per_worker}, "
+        raise DetsweepError(f"{sweep.path}: base.scaling.gpus_per_worker: found {scaling.gpus_per_worker:g}, "
                             f"expected <= {largest_gpu:g} (the most GPUs any node has)")
 
 
