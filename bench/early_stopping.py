@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
-    samples, overrides = (2, SMOKE + args.overrides) if args.smoke else (args.samples, args.overrides)
+    samples, overrides = (1, SMOKE + args.overrides) if args.smoke else (args.samples, args.overrides)
     with tempfile.TemporaryDirectory() as folder:
         fifo = run_sweep("fifo", samples, overrides, Path(folder))
         asha = run_sweep("asha", samples, overrides, Path(folder))
