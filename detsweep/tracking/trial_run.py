@@ -86,7 +86,7 @@ class TrialRun:
         self.run_id: str | None = None
         self.last_step = -1
         self.replayed = ReplayedSteps()
-        self.worker_failures: list[str] = []
+        self.worker_failures = 0  # Ray Train's restarts of the workers, as the tag counts them
         self.best: float | None = None
         # Checkpoints are uploaded from copies: Ray Train drops its own (num_to_keep) on its
         # schedule, which need not wait for a writer that lags behind a slow server.
@@ -108,7 +108,7 @@ class TrialRun:
             self.last_step = max((m.step for m in history), default=-1)
             self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
             failures = run.data.tags.get(WORKER_FAILURES_TAG)
-            self.worker_failures = [""] * int(failures.split(":")[0]) if failures else []
+            self.worker_failures = int(failures.split(":")[0]) if failures else 0
             best = run.data.tags.get("detsweep.best_value")
             self.best = float(best) if best is not None else None
             return
@@ -149,8 +149,8 @@ class TrialRun:
         self.writer.submit("a worker failure", lambda: self._note_worker_failure(reason))
 
     def _note_worker_failure(self, reason: str) -> None:
-        self.worker_failures.append(reason)
-        self.client.set_tag(self.run_id, WORKER_FAILURES_TAG, f"{len(self.worker_failures)}: {reason}"[:5000])
+        self.worker_failures += 1
+        self.client.set_tag(self.run_id, WORKER_FAILURES_TAG, f"{self.worker_failures}: {reason}"[:5000])
 
     def _note_replayed(self, step: int) -> None:
         self.replayed.add(step)
