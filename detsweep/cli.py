@@ -196,16 +196,17 @@ def train_command(args: argparse.Namespace) -> int:
 
         check_fit(config, args.config)
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    outcome = run_train(config, name, address=args.address, storage_path=args.storage, progress=not args.json)
+    out = _summary_stream(args.json)  # with --json, the progress lines go to stderr
+    outcome = run_train(config, name, address=args.address, storage_path=args.storage)
     if outcome.error:
         print(f"detsweep: training failed: {outcome.error}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"steps": outcome.steps, "metrics": outcome.metrics, "checkpoint": outcome.checkpoint}))
+        print(json.dumps({"steps": outcome.steps, "metrics": outcome.metrics, "checkpoint": outcome.checkpoint}), file=out)
     else:
         shown = {k: v for k, v in outcome.metrics.items() if k.startswith("eval")}
         print("\n".join([f"finished at step {outcome.steps}"] + [f"  {k:<22} {v:.4f}" for k, v in sorted(shown.items())]
-                        + [f"checkpoint: {outcome.checkpoint}"]))
+                        + [f"checkpoint: {outcome.checkpoint}"]), file=out)
     return 0
 
 
@@ -308,7 +309,7 @@ def finetune_command(args: argparse.Namespace) -> int:
             raise DetsweepError("detsweep finetune --sweep: the sweep file's base is the config; drop CONFIG.yaml")
         return _sweep_summary(finetune_sweep(request, args.sweep, args.address, register=not args.no_register),
                               args.json, out)
-    report = finetune(request, args.address, args.storage, progress=not args.json)
+    report = finetune(request, args.address, args.storage)  # with --json, its progress goes to stderr
     if report["error"]:
         print(f"detsweep: fine-tuning failed: {report['error']}", file=sys.stderr)
     if args.json:

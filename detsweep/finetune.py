@@ -43,9 +43,8 @@ class FineTuneRequest:
                 "keep_optimizer_state": self.keep_optimizer_state}
 
 
-def finetune(request: FineTuneRequest, address: str | None = None, storage_path: str | None = None,
-             progress: bool = True) -> dict[str, Any]:
-    """Fine-tune once; returns the ``detsweep finetune --json`` object."""
+def finetune(request: FineTuneRequest, address: str | None = None, storage_path: str | None = None) -> dict[str, Any]:
+    """Fine-tune once, with progress lines on the console; returns the ``detsweep finetune --json`` object."""
     from detsweep.cluster import connect
     from detsweep.tracking import trial_environment
     from detsweep.trainables.trainer import check_data, check_fit
@@ -68,7 +67,7 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
         last["metrics"] = metrics
         last["checkpoint"] = checkpoint.path if checkpoint else last["checkpoint"]
 
-    error = train_and_log(config, name, storage_path, run, keep_last, progress=progress)
+    error = train_and_log(config, name, storage_path, run, keep_last, progress=True)
     run.finish(error=error)
     return {"name": name, "source": source_dict(source), "warm_start": plan_summary(plan),
             "steps": int(last["metrics"].get("step", 0)), "metrics": last["metrics"], "checkpoint": last["checkpoint"],

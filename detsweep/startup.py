@@ -13,6 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+# Metrics a run's every start reports once, on its first loop (with ``restore/*`` when it
+# continued from a checkpoint). When that loop is a step trained before, which is dropped,
+# they go on with the next step passed on.
+ONCE_PER_START = ("startup/", "restore/")
+
 
 @dataclass
 class StartupClock:

@@ -31,8 +31,15 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     """Run the installed ``detsweep`` command as a user would, in a separate process; past
     ``timeout`` seconds it is killed with everything it started (a local Ray cluster)."""
     command = [sys.executable, "-m", "detsweep.cli", *args]
-    return run_bounded(command, cwd=cwd or REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                       timeout=timeout)
+    return run_bounded(command, cwd=cwd or REPO, env=cli_environment(env), timeout=timeout)
+
+
+def cli_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a ``detsweep`` subprocess, with ``env`` added. Without a
+    tracking URI but the one ``env`` gives: ``mlflow.set_tracking_uri`` in this process (a
+    check, a module fixture's set-up) writes one into ``os.environ``."""
+    inherited = {name: value for name, value in os.environ.items() if name != "MLFLOW_TRACKING_URI"}
+    return {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
 
 
 def run_bounded(command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:

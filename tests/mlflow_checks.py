@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -157,36 +158,21 @@ def free_port() -> int:
 def mlflow_server(tmp_path: Path, admin_password: str | None = None, port: int | None = None) -> Iterator[str]:
     """A real tracking server on localhost: sqlite backend, artifacts proxied (``--serve-artifacts``);
     with ``admin_password``, MLflow's basic-auth app with that password for ``admin``. Started
-    again with the same ``tmp_path`` and ``port``, it serves the same runs."""
-    import os
-
-    import requests
-
-    port = port or free_port()
-    extra, env = [], dict(os.environ)
+    again with the same ``tmp_path`` and ``port``, it serves the same runs. Without ``port``, a
+    free one; if another process takes it before the server binds it, the next one."""
+    env = dict(os.environ)
+    extra = []
     if admin_password:
         extra = ["--app-name", "basic-auth"]
         env.update(MLFLOW_AUTH_ADMIN_PASSWORD=admin_password, MLFLOW_FLASK_SERVER_SECRET_KEY="detsweep-tests",
                    MLFLOW_AUTH_CONFIG_PATH=str(write_auth_config(tmp_path)))
-    log = (tmp_path / "mlflow-server.log").open("a")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
-         "--artifacts-destination", str(tmp_path / "server-artifacts"), *extra],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmp_path)
-    uri = f"http://127.0.0.1:{port}"
+    for _attempt in range(1 if port else 3):
+        server, uri = _start_server(tmp_path, port or free_port(), extra, env)
+        if server is not None:
+            break
+    else:
+        raise AssertionError(f"the MLflow server could not bind a port; its log ends:\n{_log_text(tmp_path)[-3000:]}")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{uri}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert server.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
-            time.sleep(0.5)
-        else:
-            raise AssertionError("the MLflow server did not start in 120 s")
         yield uri
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and its workers
@@ -195,7 +181,42 @@ def mlflow_server(tmp_path: Path, admin_password: str | None = None, port: int |
         except subprocess.TimeoutExpired:  # a helper of the server outlived its shutdown on a busy machine
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=30)
-        log.close()
+
+
+def _start_server(tmp_path: Path, port: int, extra: list[str], env: dict) -> tuple[subprocess.Popen | None, str]:
+    """``mlflow server`` on ``port``, once it answers; (None, uri) if the port was taken (the
+    process exited saying so). Only this process's answer counts: its log says it runs there."""
+    import requests
+
+    written = len(_log_text(tmp_path))
+    with (tmp_path / "mlflow-server.log").open("a") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
+             "--artifacts-destination", str(tmp_path / "server-artifacts"), *extra],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmp_path)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            said = _log_text(tmp_path)[written:]
+            if "address already in use" in said.lower():
+                return None, uri
+            raise AssertionError(f"the MLflow server exited; its log ends:\n{said[-3000:]}")
+        try:
+            if (requests.get(f"{uri}/health", timeout=2).status_code == 200
+                    and f"running on {uri}" in _log_text(tmp_path)[written:]):  # uvicorn's line, not another server's
+                return server, uri
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    os.killpg(server.pid, signal.SIGKILL)
+    raise AssertionError("the MLflow server did not start in 120 s")
+
+
+def _log_text(tmp_path: Path) -> str:
+    path = tmp_path / "mlflow-server.log"
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def check_mlflow_ui(report: dict, cwd: Path, screenshot: Path) -> None:

@@ -90,6 +90,18 @@ def test_a_restarted_worker_group_replays_from_its_checkpoint_and_no_step_is_pas
     assert notes.told == [("failed", "the actor died unexpectedly"), ("replayed", 3)]
 
 
+def test_what_a_restart_says_once_on_a_replayed_step_goes_on_with_the_next_step_passed_on():
+    # The restarted group's first loop (step 3, passed on before the failure) carries its
+    # start-up and restore metrics: they reach the owner with step 4, not with the dropped 3.
+    arrived = queue.Queue()
+    for item in [loop(1), loop(2, milestone=True), report(2), loop(3),
+                 loop(3, **{"restore/step": 2, "startup/total_s": 9.0}), loop(4), RunEnded()]:
+        arrived.put(item)
+    passed = {m["step"]: m for m, _ in in_step_order(arrived)}
+    assert sorted(passed) == [1, 2, 3, 4] and "restore/step" not in passed[3]
+    assert passed[4]["restore/step"] == 2 and passed[4]["startup/total_s"] == 9.0 and passed[4]["source"] == "loop"
+
+
 def test_a_step_trained_again_replaces_the_one_not_yet_passed_on():
     arrived = queue.Queue()
     for item in [loop(1, milestone=True), loop(2, attempt=1), loop(2, attempt=2), report(1), RunEnded()]:

@@ -116,7 +116,7 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     assert "export/saved_model/saved_model.pb" in {a.path for a in client.list_artifacts(run.info.run_id, "export/saved_model")}
 
 
-def test_a_fine_tuning_sweep_with_new_classes_restores_all_but_the_class_logits(swept):
+def test_a_fine_tuning_sweep_from_a_run_with_new_classes_restores_all_but_the_class_logits(swept):
     folder, report = swept
     # A learning rate of 0 keeps every trainable weight where the restore put it.
     sweep = tiny_sweep(folder, """
@@ -127,7 +127,8 @@ def test_a_fine_tuning_sweep_with_new_classes_restores_all_but_the_class_logits(
   space:
     optimizer.learning_rate.learning_rate: {grid: [0.0]}
 """, num_steps=10, every=10, name="tuned", data="{train: {num_images: 16}, val: {num_images: 8}}")
-    result = run_cli("finetune", "--sweep", str(sweep), "--from", "best:source", "--from-ema", "--no-register", "--json",
+    source_run = report["best"]["mlflow_run_id"]  # named by its MLflow run this time
+    result = run_cli("finetune", "--sweep", str(sweep), "--from", f"run:{source_run}", "--from-ema", "--no-register", "--json",
                      "--set", "base.model.num_classes=5", "--set", "base.optimizer.learning_rate.type=constant", cwd=folder)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "weights restored, 2 fresh (classification_head/logits_layer/kernel, classification_head/logits_layer/bias)" \

@@ -1,5 +1,7 @@
 """Sweeps run for real: ``detsweep launch``, ``status`` and ``resume`` on a local Ray cluster,
-with ASHA, Optuna and PBT, a diverging trial, a killed training worker and a killed driver.
+with ASHA (synchronous and on evaluations beside training), a diverging trial, a killed
+training worker and a killed driver. Optuna and PBT run on the two-node cluster
+(``test_two_node_cluster.py``).
 
 Trials are tiny (synthetic 128 px images, 20-40 steps), so most of each test is Ray
 starting trials; every test runs its sweep once and checks all it can on it.
@@ -17,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, kill_session, run_cli
-from .mlflow_checks import assert_no_secret, check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
+from .conftest import REPO, cli_environment, kill_session, run_cli
+from .mlflow_checks import check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
@@ -107,9 +109,13 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(ash
     for rows in results_of(experiment).values():  # Tune heard every loop, at training-step granularity
         assert [row["step"] for row in rows] == list(range(5, 5 * len(rows) + 1, 5))
 
-    # status reads the same trials back, by folder or by sweep file, without starting anything
-    for where in (report["path"], str(sweep)):
-        status = run_cli("status", where, "--json")
+    # status reads the same trials back, by folder, by sweep file, or by name under
+    # ~/ray_results (where a sweep without `storage` goes), without starting anything
+    home = tmp_path / "home"
+    (home / "ray_results").mkdir(parents=True)
+    (home / "ray_results" / "tiny").symlink_to(report["path"])
+    for where, env in ((report["path"], None), (str(sweep), None), ("tiny", {"HOME": str(home)})):
+        status = run_cli("status", where, "--json", env=env)
         assert status.returncode == 0, status.stderr
         again = json.loads(status.stdout)
         assert {(t["trial_id"], t["status"]) for t in again["trials"]} == {(t["trial_id"], t["status"]) for t in report["trials"]}
@@ -157,6 +163,21 @@ def test_resume_with_retry_errored_runs_the_errored_trial_again_and_only_it(asha
     assert {trial_id: len(found) for trial_id, found in results_of(Path(report["path"])).items()} == rows
 
 
+def test_the_time_budget_stops_what_still_runs_and_its_run_ends_killed_as_early_stopped(tmp_path):
+    """``search.time_budget_s``: a trial far from its last step when the budget is spent is
+    stopped by Tune, ``STOPPED`` in the report, and its MLflow run ends ``KILLED``."""
+    from mlflow import MlflowClient
+
+    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n  time_budget_s: 45\n",
+                       num_steps=2000, every=10)
+    result, report = launch_json(str(sweep), "--no-register", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [trial] = report["trials"]
+    assert trial["status"] == "STOPPED" and trial["metrics"].get("step", 0) < 2000, trial
+    run = MlflowClient(report["mlflow"]["tracking_uri"]).get_run(trial["mlflow_run_id"])
+    assert run.info.status == "KILLED" and run.data.tags.get("early_stopped") == "true", (run.info, run.data.tags)
+
+
 @pytest.mark.timeout(480)  # 2 min here; an evaluation whose step is never settled holds Ray Train 5 min
 def test_asha_decides_on_evaluations_that_ran_beside_training(tmp_path):
     """``train.evaluation: async``: a Ray task evaluates each checkpoint while the trial trains
@@ -189,96 +210,6 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(tmp_path):
     check_mlflow_runs(report, num_steps=30, every=5, eval_every=10)
 
 
-def test_optuna_sweep_samples_with_a_seeded_tpe_and_logs_to_a_basic_auth_tracking_server(tmp_path, monkeypatch):
-    import optuna
-
-    sweep = tiny_sweep(tmp_path, """
-  metric: train/loss
-  mode: min
-  num_samples: 2
-  algorithm: optuna
-  seed: 3
-  space:
-    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
-""", num_steps=10)
-    password = "S3cret-for-detsweep-tests"
-    with mlflow_server(tmp_path, admin_password=password) as uri:
-        wrong = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}
-        refused = run_cli("launch", str(sweep), cwd=tmp_path, env=wrong)
-        assert refused.returncode == 2 and refused.stderr.strip() == (
-            f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} refused the credentials in "
-            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (HTTP 401); expected a user it accepts")
-        assert not (tmp_path / "ray").exists()  # refused before anything started
-
-        right = {**wrong, "MLFLOW_TRACKING_PASSWORD": password}
-        for name, value in right.items():  # for this test's own MlflowClient
-            monkeypatch.setenv(name, value)
-        result, report = launch_json(str(sweep), cwd=tmp_path, env=right)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
-        assert report["mlflow"]["tracking_uri"] == uri
-        check_mlflow_runs(report, num_steps=10, every=5)
-        assert_no_secret(report, password, tmp_path)
-    assert not (tmp_path / "mlflow.db").exists()  # everything went through the server
-    # TPE starts with its seeded random sampler: the two trials get its first two draws.
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3))
-    distribution = optuna.distributions.FloatDistribution(0.001, 0.02, log=True)
-    expected = [study.ask({"x": distribution}).params["x"] for _ in range(2)]
-    assert sorted(lr_of(t) for t in report["trials"]) == pytest.approx(sorted(expected))
-    assert list(Path(report["path"]).glob("searcher-state-*.pkl"))  # the searcher is saved for resume
-
-
-def test_pbt_exploit_continues_from_the_better_trials_checkpoint_with_a_well_defined_schedule(tmp_path):
-    from detsweep.config.schema import LearningRateConfig
-    from detsweep.optim import build_schedule
-    from detsweep.trainables.trial import swept_values
-
-    # Ranked by the learning rate itself, the 0.03 trial is on top at step 20 and the 0.001
-    # trial copies it there: its weights, its config, a new EMA decay. Synchronous PBT makes
-    # that certain: whichever trial gets to step 20 first waits for the other, so both have
-    # a score when the exploit is decided. The next perturbation (step 40) is past the end.
-    sweep = tiny_sweep(tmp_path, """
-  metric: train/lr
-  mode: max
-  algorithm: grid
-  num_samples: 1
-  space:
-    optimizer.learning_rate.learning_rate_base: {grid: [0.001, 0.03]}
-  scheduler:
-    type: pbt
-    perturbation_interval: 20
-    quantile_fraction: 0.5
-    synch: true
-    mutations:
-      optimizer.moving_average_decay: {values: [0.99, 0.995, 0.999]}
-""", num_steps=30, every=10)
-    result, report = launch_json(str(sweep), "--no-register", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    experiment = Path(report["path"])
-    assert (experiment / "pbt_global.txt").read_text().strip(), "PBT never exploited"
-    # The exploiting trial kept its MLflow run; the swept values it took are metrics over steps.
-    children = check_mlflow_runs(report, num_steps=30, every=10, pbt=True, registered=False)
-    lr_path = "optimizer.learning_rate.learning_rate_base"
-    exploiting_id, rows = next((trial_id, rows) for trial_id, rows in results_of(experiment).items()
-                               if swept_values(rows[0]["config"], [lr_path])[lr_path] == 0.001)
-    assert swept_values(rows[-1]["config"], [lr_path])[lr_path] == 0.03  # it took the better trial's config
-    # Its MLflow run has every report: 0.001's schedule up to the exploit at step 20, then,
-    # from the donor's step-20 checkpoint (never from step 0), 0.03's schedule to num_steps.
-    from mlflow import MlflowClient
-
-    client = MlflowClient(report["mlflow"]["tracking_uri"])
-    run_id = children[exploiting_id].info.run_id
-    rates = {m.step: m.value for m in client.get_metric_history(run_id, "train/lr")}
-    assert sorted(rates) == [10, 20, 30], rates
-    tree = rows[0]["config"]["trial"]["optimizer"]["learning_rate"]
-    for step, base in ((10, 0.001), (20, 0.001), (30, 0.03)):
-        schedule = build_schedule(LearningRateConfig.model_validate({**tree, "learning_rate_base": base}))
-        assert rates[step] == pytest.approx(float(schedule(step - 1)), rel=1e-5), (step, rates)
-    history = client.get_metric_history(run_id, f"hparams/{lr_path}")
-    assert [m.value for m in sorted(history, key=lambda m: m.step)][-1] == pytest.approx(0.03)
-    assert children[exploiting_id].data.params[lr_path] == "0.001"  # params keep the trial's first values
-
-
 def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
     """Mid-trial, the MLflow server goes away for 30 s and the training worker is killed.
     Ray Train restarts the worker from its checkpoint and the trial ends at exactly
@@ -294,7 +225,7 @@ def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
         launch = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--json", "--no-register"],
                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True,
-                                  env={**os.environ, "MLFLOW_TRACKING_URI": uri, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
+                                  env=cli_environment({"MLFLOW_TRACKING_URI": uri, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"}))
         assert wait_for_train_metric(uri) < 40
     down_at = time.monotonic()  # the server is stopped; the trial trains on
     try:
@@ -321,10 +252,10 @@ def check_killed_worker_run(stdout: str, stderr: str, returncode: int, checkpoin
     # Ray Train saw the dead worker and restarted the group once; what it trained again (if
     # the kill came after loops past the checkpoint had been passed on) is after that checkpoint.
     assert run.data.tags["detsweep.worker_failures"].startswith("1: "), run.data.tags
-    replayed = run.data.tags.get("detsweep.replayed_steps")
-    if replayed:
-        [(first, last)] = [tuple(map(int, part.split("-"))) for part in replayed.split(", ")]
-        assert checkpointed < first <= last < 40, (replayed, checkpointed)
+    from detsweep.tracking.trial_run import ReplayedSteps
+
+    replayed = ReplayedSteps.parse(run.data.tags.get("detsweep.replayed_steps", "")).ranges
+    assert len(replayed) <= 1 and all(checkpointed < first <= last < 40 for first, last in replayed), (replayed, checkpointed)
 
 
 def wait_for_train_metric(uri: str, timeout_s: float = 300) -> int:
@@ -391,15 +322,8 @@ def command_line(pid: int) -> bytes:
 
 
 def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_trials(tmp_path):
-    sweep = tiny_sweep(tmp_path, """
-  metric: train/loss
-  mode: min
-  algorithm: grid
-  num_samples: 1
-  space:
-    optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02]}
-""", num_steps=30, every=10)
-    driver = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep)], cwd=tmp_path,
+    sweep = tiny_sweep(tmp_path, "  metric: train/loss\n  mode: min\n  num_samples: 1\n", num_steps=30, every=10)
+    driver = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep)], cwd=tmp_path, env=cli_environment(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     experiment = tmp_path / "ray" / "tiny"
     try:
@@ -417,13 +341,18 @@ def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_t
     report = json.loads(result.stdout)
     assert report["mlflow"]["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
     check_mlflow_runs(report, num_steps=30, every=10, registered=False)  # the same runs continued
-    assert len(report["trials"]) == 2
-    assert all(t["status"] == "TERMINATED" and t["metrics"]["step"] == 30 for t in report["trials"])
-    for trial_id, rows in results_of(experiment).items():
-        before = [row["step"] for row in rows if row["timestamp"] < killed_at]
-        after = [row["step"] for row in rows if row["timestamp"] >= killed_at]
-        if before:  # a trial that had reported went on from a checkpoint, not from step 0
-            assert after == [] or after[0] > 10, (trial_id, before, after)
+    [trial] = report["trials"]
+    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 30
+    [rows] = results_of(experiment).values()
+    before = [row["step"] for row in rows if row["timestamp"] < killed_at]
+    after = [row["step"] for row in rows if row["timestamp"] >= killed_at]
+    assert before and after and after[0] > 10, (before, after)  # it went on from a checkpoint, not from step 0
+    from mlflow import MlflowClient
+
+    # its run says so: restored from the checkpoint before its first step after the kill (logged
+    # with that step, or the next one if the run had it already)
+    [restored] = MlflowClient(report["mlflow"]["tracking_uri"]).get_metric_history(trial["mlflow_run_id"], "restore/step")
+    assert restored.value == after[0] - 10 and restored.step >= after[0], (restored, after)
 
 
 def wait_until_tune_state_names(experiment: Path, checkpoint: str, timeout_s: float = 300) -> None:
@@ -440,83 +369,3 @@ def wait_until_tune_state_names(experiment: Path, checkpoint: str, timeout_s: fl
                 pass
         time.sleep(0.5)
     raise AssertionError(f"Tune's experiment state never named a {checkpoint} in time")
-
-
-def test_a_sweep_spreads_over_a_two_node_cluster_by_address_and_by_ray_job_submit(tmp_path):
-    """A real two-node Ray cluster on this machine (a head and a second raylet, one CPU
-    each): each trial's worker lands on its own node."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    dashboard_port = free_port()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address)
-        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-        assert len(nodes) == 2
-        search = "  num_samples: 2\n  metric: train/loss\n  mode: min\n"
-
-        # validate --address sizes the sweep for that cluster (one CPU per node), not for this machine
-        sized = tiny_sweep(tmp_path, search, name="sized")
-        fits = run_cli("validate", str(sized), "--address", cluster.address, "--json")
-        assert fits.returncode == 0 and json.loads(fits.stdout)["trials_at_once"] == 2, fits.stderr[-2000:]
-        too_big = run_cli("validate", str(sized), "--address", cluster.address, "--set", "base.scaling.cpus_per_worker=2")
-        assert too_big.returncode == 2 and too_big.stderr.strip() == (
-            f"detsweep: error: {sized}: base.scaling.cpus_per_worker: found 2, expected <= 1 (the most CPUs any node has)")
-        assert run_cli("validate", str(sized), "--set", "base.scaling.cpus_per_worker=2").returncode == 0  # fits here
-
-        seen = watch_train_worker_nodes()
-        result, report = launch_json(str(tiny_sweep(tmp_path, search, num_steps=10, name="by_address")),
-                                     "--address", cluster.address, "--no-register", cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
-        assert seen.stop() == nodes  # the two trials' workers ran on both nodes
-        assert all(t["mlflow_run_id"] for t in report["trials"])  # logged from both nodes
-
-        seen = watch_train_worker_nodes()
-        job_db = f"sqlite:///{tmp_path / 'job.db'}"
-        job = subprocess.run(
-            [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}",
-             "--runtime-env-json", json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": job_db}}),
-             "--", sys.executable, "-m", "detsweep", "launch", str(tiny_sweep(tmp_path, search, num_steps=10, name="by_job")),
-             "--address", "auto", "--json", "--no-register"],
-            capture_output=True, text=True, cwd=REPO, timeout=900)
-        assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
-        printed = [json.loads(line) for line in job.stdout.splitlines() if line.startswith('{"name"')]
-        assert [t["status"] for t in printed[0]["trials"]] == ["TERMINATED", "TERMINATED"]
-        assert printed[0]["mlflow"]["tracking_uri"] == job_db and (tmp_path / "job.db").exists()
-        assert seen.stop() == nodes
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-class watch_train_worker_nodes:
-    """Polls Ray's state API in the background for the nodes that run Ray Train workers."""
-
-    def __init__(self):
-        import threading
-
-        self.nodes: set[str] = set()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        from ray.util.state import list_actors
-
-        while not self._done.is_set():
-            try:
-                actors = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
-                self.nodes.update(actor.node_id for actor in actors)
-            except Exception:  # the state API can be briefly unavailable; the next poll will do
-                pass
-            self._done.wait(1.0)
-
-    def stop(self) -> set[str]:
-        self._done.set()
-        self._thread.join()
-        return self.nodes

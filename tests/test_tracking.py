@@ -128,7 +128,7 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     first.close()  # the process dies here (a worker failure, a killed driver)
 
     again = trial(start_step=10)  # restarted from the step-10 checkpoint: 20 is trained twice
-    again.log_report({"step": 20, "train/loss": 0.7})
+    again.log_report({"step": 20, "train/loss": 0.7, "restore/step": 10, "startup/total_s": 9.0})
     again.log_report({"step": 30, "train/loss": 0.3, "eval/AP_best": 0.1},
                      ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 30))))
     again.log_report({"step": 40, "train/loss": 0.2})
@@ -146,6 +146,9 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     assert run.data.params["train.num_steps"] == str(sweep.base.train.num_steps)
     losses = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert sorted(losses) == [(10, 1.0), (20, 0.5), (30, 0.3), (40, 0.2), (50, 0.1)]  # the first value of 20 stays
+    # what the restart said once, on the step it trained again, is logged with the next step
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "restore/step")] == [(30, 10)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "startup/total_s")] == [(30, 9.0)]
     assert run.data.tags["detsweep.replayed_steps"] == "20-20, 40-40"  # kept from MLflow, never silent
     assert run.data.tags["detsweep.worker_failures"] == "1: the worker died"
     # the best checkpoint is still step 10's (0.2 > 0.1); latest is step 30's

@@ -16,7 +16,8 @@ from detsweep.evaluation import evaluate_detections, to_coco_detections
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage, build_optimizer
 from detsweep.train import TrainingDiverged, WorkerContext, run_training
-from detsweep.train.checkpoint import TrainingState
+from detsweep.train.checkpoint import TrainingState, weights_fingerprint
+from detsweep.train.restore import load_trained_model
 
 from .conftest import RACCOON, REPO, run_bounded, run_cli
 
@@ -79,6 +80,11 @@ def test_restart_from_a_checkpoint_continues_at_its_step_with_its_optimizer_stat
     run_training(short_config("train.num_steps=20", "optimizer.learning_rate.total_steps=20"), resumed,
                  WorkerContext(restore_from=saved))
     assert [r["step"] for r in resumed.reports] == [20]  # one loop: 10 → 20, nothing before
+    # it continued from the saved weights (their fingerprint, on its first report), not from new ones
+    assert resumed.reports[0]["restore/step"] == 10
+    assert resumed.reports[0]["restore/weights_l1"] == pytest.approx(
+        weights_fingerprint(load_trained_model(saved).model), rel=1e-12)
+    assert not [key for key in recorder.reports[0] if key.startswith("restore/")]  # a fresh start restored nothing
 
     # A fresh state restored from the checkpoint holds the saved optimizer slots and step.
     config = short_config()
@@ -166,74 +172,52 @@ def test_eval_scores_a_coco_results_file(tmp_path):
 LINE = re.compile(r"step (\d+)/(\d+)\s+loss ([\d.]+)")
 
 
-def test_detsweep_train_through_ray_train_on_two_workers_prints_rank_0s_progress(tmp_path):
-    """One worker's run through the same command: the ``--json`` test below."""
+def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_eval_scores_its_checkpoint(tmp_path):
+    """With ``--json`` the object is all of stdout; the progress lines (rank 0's) go to stderr."""
     result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
-                     "--set", "scaling.num_workers=2", "--set", "data.val.num_images=8",
-                     "--storage", str(tmp_path / "ray"), "--name", "w2")
+                     "--set", "scaling.num_workers=2", "--storage", str(tmp_path / "ray"), "--name", "w2", "--json")
     assert result.returncode == 0, result.stderr[-3000:]
-    progress = [(int(m[1]), float(m[3])) for m in LINE.finditer(result.stdout + result.stderr)]
+    progress = [(int(m[1]), float(m[3])) for m in LINE.finditer(result.stderr)]
     assert [step for step, _ in progress] == [10, 20, 30]
     assert progress[-1][1] < 0.5 * progress[0][1]
-    assert "checkpoint:" in result.stdout
     # where the start-up time went, from the driver's ray.init to the first loop in the workers
     assert re.search(r"first loop after [\d.]+ s: ray [\d.]+, trainer [\d.]+, workers [\d.]+, imports [\d.]+, "
-                     r"strategy [\d.]+, data [\d.]+, model [\d.]+, first_loop [\d.]+", result.stdout + result.stderr)
-
-
-def test_detsweep_train_json_and_eval_of_its_checkpoint(tmp_path):
-    result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
-                     "--set", "train.num_steps=10", "--set", "optimizer.learning_rate.total_steps=10",
-                     "--storage", str(tmp_path / "ray"), "--name", "json", "--json")
-    assert result.returncode == 0, result.stderr[-3000:]
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert outcome["steps"] == 10 and "eval/AP_best" in outcome["metrics"]
+                     r"strategy [\d.]+, data [\d.]+, model [\d.]+, first_loop [\d.]+", result.stderr)
+    outcome = json.loads(result.stdout)
+    assert outcome["steps"] == 30 and "eval/AP_best" in outcome["metrics"]
     evaluated = run_cli("eval", "--checkpoint", outcome["checkpoint"], "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads(evaluated.stdout)
-    assert metrics["step"] == 10
+    assert metrics["step"] == 30
     assert metrics["eval/AP"] == pytest.approx(outcome["metrics"]["eval/AP"], abs=1e-6)
 
 
-def test_the_worker_trains_on_between_ray_trains_polls_and_every_loop_arrives_once_in_order():
+def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_checkpoints_steps():
     """Ray Train drains one report per poll of its workers; polls are 10 s apart here. Loops of
     one step go to the driver's queue without waiting for a poll: many arrive between two polls.
-    Only the milestones (evaluation and checkpoint, steps 15 and 30) pass through Ray Train."""
-    result = run_bounded(
-        [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
-         "--set", "train.steps_per_loop=1", "--set", "train.eval_every=15", "--set", "train.checkpoint_every=15",
-         "--set", "data.val.num_images=8"],
-        cwd=REPO, timeout=600, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    flow = json.loads(result.stdout.strip().splitlines()[-1])
-    loops = [(step, milestone) for kind, step, milestone, *_ in flow["arrived"] if kind == "loop"]
-    assert loops == [(step, step in (15, 30)) for step in range(1, 31)]  # each once, in order, from rank 0
-    reports = [(step, saved) for kind, step, saved, *_ in flow["arrived"] if kind == "report"]
-    assert reports == [(15, True), (30, True)]
-    arrived_per_poll = [later - earlier for earlier, later in zip(flow["at_polls"], flow["at_polls"][1:])]
-    assert max(arrived_per_poll) >= 6, flow["at_polls"]  # at most 2 (a loop and a report) if it waited
-    assert flow["in_order"] == [[step, step in (15, 30), step in (15, 30)] for step in range(1, 31)]
-
-
-def test_async_evaluation_runs_beside_training_and_its_metrics_join_their_checkpoints_steps():
-    """``train.evaluation: async``: each evaluation step saves a checkpoint, which a Ray task of
-    its own evaluates while rank 0 trains on; loops reach the driver while an evaluation runs
-    (counted by the loops' and the task's clocks on this one machine, not timed), and each
-    evaluation's metrics join its checkpoint's step in the merged stream."""
+    Only the milestones pass through Ray Train: with ``train.evaluation: async`` each evaluation
+    step saves a checkpoint, which a Ray task of its own evaluates while rank 0 trains on; loops
+    reach the driver while an evaluation runs (counted by the loops' and the task's clocks on
+    this one machine, not timed), and each evaluation's metrics join its checkpoint's step in
+    the merged stream."""
     result = run_bounded(
         [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
          "--set", "train.steps_per_loop=1", "--set", "train.eval_every=10", "--set", "train.checkpoint_every=0",
          "--set", "train.evaluation=async"],
-        cwd=REPO, timeout=600)
+        cwd=REPO, timeout=600, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
     assert result.returncode == 0, result.stderr[-3000:]
     flow = json.loads(result.stdout.strip().splitlines()[-1])
-    loops = {item[1]: item[3] for item in flow["arrived"] if item[0] == "loop"}
-    assert sorted(loops) == list(range(1, 31))
+    loops = [(step, milestone) for kind, step, milestone, *_ in flow["arrived"] if kind == "loop"]
+    assert loops == [(step, step % 10 == 0) for step in range(1, 31)]  # each once, in order, from rank 0
+    reports = [(step, saved) for kind, step, saved, *_ in flow["arrived"] if kind == "report"]
+    assert reports == [(10, True), (20, True), (30, True)]  # every evaluation step checkpointed, though checkpoint_every is 0
+    arrived_per_poll = [later - earlier for earlier, later in zip(flow["at_polls"], flow["at_polls"][1:])]
+    assert max(arrived_per_poll) >= 6, flow["at_polls"]  # at most 2 (a loop and a report) if it waited
+
     evaluations = [tuple(item[1:]) for item in flow["arrived"] if item[0] == "evaluation"]
     assert [step for step, *_ in evaluations] == [10, 20, 30]
-    assert [(step, saved) for kind, step, saved, *_ in flow["arrived"] if kind == "report"] == [
-        (10, True), (20, True), (30, True)]  # every evaluation step checkpointed, though checkpoint_every is 0
-    during = [sum(started < loops[later] < ended for later in loops if later > step) for step, started, ended in evaluations]
+    at = {item[1]: item[3] for item in flow["arrived"] if item[0] == "loop"}
+    during = [sum(started < at[later] < ended for later in at if later > step) for step, started, ended in evaluations]
     assert during[0] + during[1] >= 2, (during, evaluations)  # training did not pause for them
     assert flow["in_order"] == [[step, step % 10 == 0, step % 10 == 0] for step in range(1, 31)]
 

@@ -24,6 +24,7 @@ import yaml
 
 from detsweep.config import TrialConfig
 from detsweep.evaluation.pictures import PICTURE_KEY, SCHEDULE_PICTURE_KEY
+from detsweep.startup import ONCE_PER_START
 
 from .writer import RetryingWriter
 
@@ -86,6 +87,7 @@ class TrialRun:
         self.run_id: str | None = None
         self.last_step = -1
         self.replayed = ReplayedSteps()
+        self.carried: dict[str, float] = {}  # a dropped step's once-per-start metrics, for the next step logged
         self.worker_failures = 0  # Ray Train's restarts of the workers, as the tag counts them
         self.best: float | None = None
         # Checkpoints are uploaded from copies: Ray Train drops its own (num_to_keep) on its
@@ -165,7 +167,10 @@ class TrialRun:
             step = max(step, self.last_step + 1)
         elif step <= self.last_step:  # this run has it: a resumed trial went back to its checkpoint
             self._note_replayed(step)
+            self.carried |= {key: value for key, value in values.items() if key.startswith(ONCE_PER_START)}
             return
+        else:
+            values, self.carried = {**self.carried, **values}, {}
         if not values:
             return
         now = int(time.time() * 1000)

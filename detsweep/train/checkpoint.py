@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import keras
+import numpy as np
 import tensorflow as tf
 import yaml
 
@@ -44,6 +45,13 @@ class TrainingState:
         """Load everything from a checkpoint directory; returns the step it was saved at."""
         self.checkpoint.read(str(Path(directory) / PREFIX)).assert_existing_objects_matched()
         return int(self.step.numpy())
+
+
+def weights_fingerprint(model: keras.Model) -> float:
+    """The sum of |w| over the model's trainable weights, in float64. The same weights give the
+    same number: a run that continued from a checkpoint logs it, so anyone can tell which
+    checkpoint that was (PBT's donor, say) by computing it on the candidates."""
+    return float(sum(np.abs(weight.numpy()).sum(dtype=np.float64) for weight in model.trainable_weights))
 
 
 def build_training_state(config: TrialConfig, num_classes: int) -> tuple[TrainingState, Callable]:

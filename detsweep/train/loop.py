@@ -21,7 +21,7 @@ from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
 from detsweep.optim.report import schedule_png
 from detsweep.startup import StartupClock
 
-from .checkpoint import build_training_state
+from .checkpoint import build_training_state, weights_fingerprint
 from .evaluate import Evaluator, is_due
 from .step import make_train_loop
 from .strategy import make_strategy, use_worker_cpus
@@ -70,8 +70,9 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     startup.mark("data")
     with strategy.scope():
         state, losses = build_training_state(config, config.model.num_classes or len(train_set.categories))
+    restored: dict[str, float] = {}
     if context.restore_from:  # the same training, resumed
-        state.restore(context.restore_from)
+        restored = {"restore/step": state.restore(context.restore_from), "restore/weights_l1": weights_fingerprint(state.model)}
     elif train.fine_tune:  # another training's weights, as far as they fit
         restore_what_fits(state, config, context.fine_tune_from)
     step = int(state.step.numpy())
@@ -95,7 +96,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         step = int(state.step.numpy())
         metrics = loop_metrics(result, step, time.perf_counter() - started, state.schedule, train.batch_size)
         if startup:
-            metrics |= first_report_extras(startup, config, context)
+            metrics |= first_report_extras(startup, config, context) | restored
             startup = None
         # --- evaluate, checkpoint, report ----------------------------------------------
         evaluation_due = val_set is not None and is_due(step, train.eval_every, train.num_steps)

@@ -35,6 +35,7 @@ import ray.train
 from ray.util.queue import Queue
 
 from detsweep.errors import failure_reason
+from detsweep.startup import ONCE_PER_START
 
 
 @dataclass(frozen=True)
@@ -162,13 +163,15 @@ def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: 
     for a milestone Ray Train's report of it with its checkpoint, and the evaluation of that
     checkpoint when it ran elsewhere (the loops after a milestone wait here, never in the
     worker, until all of it arrived). A step trained again after a restart replaces one not
-    yet passed on; one already passed on is dropped, and ``notes`` hears of it (a restart that
-    went back further than its checkpoint shows there), as of failed workers. ``settled(step)`` is called once an
+    yet passed on; one already passed on is dropped (its start-up and restore metrics go on
+    with the next step passed on), and ``notes`` hears of it (a restart that went back further
+    than its checkpoint shows there), as of failed workers. ``settled(step)`` is called once an
     evaluated step was passed on (and its consumer returned) or dropped: only then may Ray
     Train delete that checkpoint. Raises :class:`EvaluationError` when an evaluation failed."""
     loops: dict[int, LoopMetrics] = {}
     received: dict[int, RayReport] = {}
     evaluations: dict[int, Evaluation] = {}
+    carried: dict[str, Any] = {}  # what a restart said once on a dropped step, for the next step passed on
     passed = -1
     ended = False
     while not ended:
@@ -190,12 +193,14 @@ def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: 
             if not ended and _incomplete(loop, report, evaluation):
                 break  # its report (with the checkpoint) or its evaluation is on the way
             loops.pop(step, None), received.pop(step, None), evaluations.pop(step, None)
+            source = report or loop
+            metrics = source.metrics if source else {"step": step}
             if step > passed:
                 passed = step
-                source = report or loop
-                metrics = source.metrics if source else {"step": step}
+                metrics, carried = {**carried, **metrics}, {}
                 yield {**metrics, **evaluation.metrics} if evaluation else metrics, report.checkpoint if report else None
             else:
+                carried |= {key: value for key, value in metrics.items() if key.startswith(ONCE_PER_START)}
                 notes.note_replayed(step)
             if evaluation is not None:
                 settled(step)

@@ -169,18 +169,17 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
     return failure_reason(failure[0]) if failure else None
 
 
-def run_train(config: TrialConfig, name: str, address: str | None = None, storage_path: str | None = None,
-              progress: bool = True) -> TrainOutcome:
+def run_train(config: TrialConfig, name: str, address: str | None = None,
+              storage_path: str | None = None) -> TrainOutcome:
     """One training through Ray Train, as ``detsweep train`` runs it."""
     startup = StartupClock()
     connect(address)
     startup.mark("ray")
-    lines = ProgressLines(config.train.num_steps) if progress else None
+    lines = ProgressLines(config.train.num_steps)
     last: dict = {"metrics": {}, "checkpoint": None}
 
     def keep_last(metrics: dict, checkpoint) -> None:
-        if lines:
-            lines(metrics, checkpoint)
+        lines(metrics, checkpoint)
         last["metrics"] = metrics
         last["checkpoint"] = checkpoint.path if checkpoint else last["checkpoint"]
 

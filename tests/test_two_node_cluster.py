@@ -1,0 +1,199 @@
+"""Sweeps on a real two-node Ray cluster on this machine (a head and a second raylet, one CPU
+each), reached by ``--address`` and by ``ray job submit``: each trial's worker lands on its
+own node. The cluster is started once for this module; its tests run different searches on it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from .conftest import REPO, run_bounded, run_cli
+from .mlflow_checks import assert_no_secret, check_mlflow_runs, free_port, mlflow_server
+from .test_sweep_runs import launch_json, lr_of, results_of, tiny_sweep
+
+LR_PATH = "optimizer.learning_rate.learning_rate_base"
+
+
+class TwoNodes(NamedTuple):
+    address: str
+    nodes: set[str]
+    dashboard: str  # where ``ray job submit`` sends jobs
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[TwoNodes]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    dashboard_port = free_port()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        assert len(nodes) == 2
+        yield TwoNodes(cluster.address, nodes, f"http://127.0.0.1:{dashboard_port}")
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_validate_sizes_a_sweep_for_the_cluster_at_address_not_for_this_machine(cluster, tmp_path):
+    sized = tiny_sweep(tmp_path, "  num_samples: 2\n  metric: train/loss\n  mode: min\n", name="sized")
+    fits = run_cli("validate", str(sized), "--address", cluster.address, "--json")
+    assert fits.returncode == 0 and json.loads(fits.stdout)["trials_at_once"] == 2, fits.stderr[-2000:]
+    too_big = run_cli("validate", str(sized), "--address", cluster.address, "--set", "base.scaling.cpus_per_worker=2")
+    assert too_big.returncode == 2 and too_big.stderr.strip() == (
+        f"detsweep: error: {sized}: base.scaling.cpus_per_worker: found 2, expected <= 1 (the most CPUs any node has)")
+    assert run_cli("validate", str(sized), "--set", "base.scaling.cpus_per_worker=2").returncode == 0  # fits here
+
+
+def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_a_basic_auth_server(cluster, tmp_path, monkeypatch):
+    """A seeded TPE search; the tracking server's credentials reach the trials on both nodes
+    through the environment, and are written nowhere."""
+    import optuna
+
+    sweep = tiny_sweep(tmp_path, f"""
+  metric: train/loss
+  mode: min
+  num_samples: 2
+  algorithm: optuna
+  seed: 3
+  space:
+    {LR_PATH}: {{distribution: log_uniform_values, min: 0.001, max: 0.02}}
+""", num_steps=10)
+    password = "S3cret-for-detsweep-tests"
+    with mlflow_server(tmp_path, admin_password=password) as uri:
+        wrong = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}
+        refused = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=wrong)
+        assert refused.returncode == 2 and refused.stderr.strip() == (
+            f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} refused the credentials in "
+            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (HTTP 401); expected a user it accepts")
+        assert not (tmp_path / "ray").exists()  # refused before anything started
+
+        right = {**wrong, "MLFLOW_TRACKING_PASSWORD": password}
+        for name, value in right.items():  # for this test's own MlflowClient
+            monkeypatch.setenv(name, value)
+        seen = watch_train_worker_nodes()
+        result, report = launch_json(str(sweep), "--address", cluster.address, cwd=tmp_path, env=right)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
+        assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes
+        assert report["mlflow"]["tracking_uri"] == uri
+        check_mlflow_runs(report, num_steps=10, every=5)  # logged from both nodes, the best model registered
+        assert_no_secret(report, password, tmp_path)
+    assert not (tmp_path / "mlflow.db").exists()  # everything went through the server
+    # TPE starts with its seeded random sampler: the two trials get its first two draws.
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3))
+    distribution = optuna.distributions.FloatDistribution(0.001, 0.02, log=True)
+    expected = [study.ask({"x": distribution}).params["x"] for _ in range(2)]
+    assert sorted(lr_of(t) for t in report["trials"]) == pytest.approx(sorted(expected))
+    assert list(Path(report["path"]).glob("searcher-state-*.pkl"))  # the searcher is saved for resume
+
+
+def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoint(cluster, tmp_path):
+    """Ranked by the learning rate itself, the 0.03 trial is on top at step 20 and the 0.001
+    trial copies it there: its weights (their fingerprint, logged where a run continues from a
+    checkpoint), its config, a new EMA decay. Synchronous PBT makes
+    that certain: whichever trial gets to step 20 first waits for the other, so both have a
+    score when the exploit is decided. The next perturbation (step 40) is past the end."""
+    from mlflow import MlflowClient
+
+    from detsweep.checkpoints import read_step
+    from detsweep.config.schema import LearningRateConfig
+    from detsweep.optim import build_schedule
+    from detsweep.train.checkpoint import weights_fingerprint
+    from detsweep.train.restore import load_trained_model
+    from detsweep.trainables.trial import swept_values
+
+    sweep = tiny_sweep(tmp_path, f"""
+  metric: train/lr
+  mode: max
+  algorithm: grid
+  num_samples: 1
+  space:
+    {LR_PATH}: {{grid: [0.001, 0.03]}}
+  scheduler:
+    type: pbt
+    perturbation_interval: 20
+    quantile_fraction: 0.5
+    synch: true
+    mutations:
+      optimizer.moving_average_decay: {{values: [0.99, 0.995, 0.999]}}
+""", num_steps=30, every=10, name="by_job")
+    seen = watch_train_worker_nodes()
+    job_db = f"sqlite:///{tmp_path / 'job.db'}"
+    job = run_bounded(
+        [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", cluster.dashboard,
+         "--runtime-env-json", json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": job_db}}),
+         "--", sys.executable, "-m", "detsweep", "launch", str(sweep), "--address", "auto", "--json", "--no-register"],
+        cwd=REPO, timeout=900)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
+    [report] = [json.loads(line) for line in job.stdout.splitlines() if line.startswith('{"name"')]
+    assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
+    assert report["mlflow"]["tracking_uri"] == job_db and (tmp_path / "job.db").exists()
+    assert seen.stop() == cluster.nodes
+
+    experiment = Path(report["path"])
+    assert (experiment / "pbt_global.txt").read_text().strip(), "PBT never exploited"
+    # The exploiting trial kept its MLflow run; the swept values it took are metrics over steps.
+    children = check_mlflow_runs(report, num_steps=30, every=10, pbt=True, registered=False)
+    exploiting_id, rows = next((trial_id, rows) for trial_id, rows in results_of(experiment).items()
+                               if swept_values(rows[0]["config"], [LR_PATH])[LR_PATH] == 0.001)
+    assert swept_values(rows[-1]["config"], [LR_PATH])[LR_PATH] == 0.03  # it took the better trial's config
+    # Its MLflow run has every report: 0.001's schedule up to the exploit at step 20, then,
+    # from the donor's step-20 checkpoint (never from step 0), 0.03's schedule to num_steps.
+    client = MlflowClient(job_db)
+    run_id = children[exploiting_id].info.run_id
+    rates = {m.step: m.value for m in client.get_metric_history(run_id, "train/lr")}
+    assert sorted(rates) == [10, 20, 30], rates
+    tree = rows[0]["config"]["trial"]["optimizer"]["learning_rate"]
+    for step, base in ((10, 0.001), (20, 0.001), (30, 0.03)):
+        schedule = build_schedule(LearningRateConfig.model_validate({**tree, "learning_rate_base": base}))
+        assert rates[step] == pytest.approx(float(schedule(step - 1)), rel=1e-5), (step, rates)
+    history = client.get_metric_history(run_id, f"hparams/{LR_PATH}")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)][-1] == pytest.approx(0.03)
+    assert children[exploiting_id].data.params[LR_PATH] == "0.001"  # params keep the trial's first values
+    # and the donor's weights: what its worker restored is what the donor's step-20 checkpoint holds
+    [donor_id] = set(children) - {exploiting_id}
+    [donor_checkpoint] = [path for path in experiment.glob(f"trial_{donor_id}/checkpoint_*") if read_step(path) == 20]
+    restored = {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+                for key in ("restore/step", "restore/weights_l1")}
+    assert restored == {"restore/step": [(30, 20)],
+                        "restore/weights_l1": [(30, pytest.approx(weights_fingerprint(load_trained_model(donor_checkpoint).model),
+                                                                  rel=1e-12))]}, restored
+
+
+class watch_train_worker_nodes:
+    """Polls Ray's state API in the background for the nodes that run Ray Train workers."""
+
+    def __init__(self):
+        self.nodes: set[str] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        from ray.util.state import list_actors
+
+        while not self._done.is_set():
+            try:
+                actors = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+                self.nodes.update(actor.node_id for actor in actors)
+            except Exception:  # the state API can be briefly unavailable; the next poll will do
+                pass
+            self._done.wait(1.0)
+
+    def stop(self) -> set[str]:
+        self._done.set()
+        self._thread.join()
+        return self.nodes
