@@ -28,6 +28,8 @@ def test_every_benchmark_runs_and_records_its_table(tmp_path):
             assert isinstance(target["met"], bool) and math.isfinite(target["measured"]), (name, target)
     markdown = out.with_suffix(".md").read_text()
     assert all(entry["title"] in markdown for entry in results.values())
+    # early_stopping launched the seeded random quickstart sweep twice (FIFO, ASHA): the same draws
+    assert results["early_stopping"]["notes"][0] == "Both sweeps drew the same configurations.", results["early_stopping"]
     phases = {row[0] for row in results["startup_1w"]["rows"][1:]}
     assert {"workers", "imports", "model", "first_loop"} <= phases
 

@@ -181,6 +181,14 @@ def test_what_cannot_be_fine_tuned_is_refused_in_one_line(swept, tmp_path):
     assert "image encoder (resnet_tiny) does not fit this model's (resnet18)" in refused(
         "finetune", "--from", "best:source", "--set", "model.backbone=resnet18")
     assert "is not a detsweep checkpoint" in refused("finetune", "--from", f"checkpoint:{tmp_path}")
+    # a local checkpoint folder with a positional CONFIG.yaml: the config's backbone is merged
+    # over the checkpoint's own, and found not to fit, before anything starts
+    local = downloaded(f"runs:/{report['best']['mlflow_run_id']}/checkpoints/best", report["mlflow"]["tracking_uri"],
+                       tmp_path / "local")
+    bigger = tmp_path / "bigger.yaml"
+    bigger.write_text("model: {backbone: resnet18}\n")
+    assert "image encoder (resnet_tiny) does not fit this model's (resnet18)" in refused(
+        "finetune", str(bigger), "--from", f"checkpoint:{local}")
     assert len(client.search_runs([report["mlflow"]["experiment_id"]])) == runs_before  # nothing started
 
 
