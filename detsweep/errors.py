@@ -41,21 +41,25 @@ def stderr_held_back() -> Iterator[None]:
             os.write(2, held.read())
 
 
-def failure_reason(failure: BaseException) -> str:
-    """The innermost error of a failed run, as one line (e.g. ``loss is NaN/Inf at step 12``):
-    the wrappers Ray puts around a worker's exception (``WorkerGroupError: module.Error: …``) are
-    dropped, and the exception's name is kept only when its message alone would not say much."""
+def failure_reason(failure: BaseException | str | None) -> str:
+    """The innermost error of a failed run or trial, as one line (e.g. ``loss is NaN/Inf at step 12``):
+    the wrappers Ray puts around an exception (``WorkerGroupError: module.Error: …``, a trial's
+    traceback ending in ``module.TrialFailed: …``) are dropped, and the exception's name is kept
+    only when its message alone would not say much. A trial's error read back from its sweep's
+    folder may be its text."""
     cause = failure
-    while cause.__cause__ is not None:
+    while getattr(cause, "__cause__", None) is not None:
         cause = cause.__cause__
-    lines = str(cause).strip().splitlines()
-    text = lines[-1] if lines else ""
-    names = [type(cause).__name__]
+    lines = str(cause or "").strip().splitlines()
+    text = lines[-1].strip() if lines else ""
+    names = [] if cause is None or isinstance(cause, str) else [type(cause).__name__]
     while match := _EXCEPTION_PREFIX.match(text):
         names.append(match[1].rsplit(".", 1)[-1])
         text = text[match.end():]
-    return text if names[-1] in _SELF_EXPLAINING else f"{names[-1]}: {text}"
+    if names and names[-1] not in _SELF_EXPLAINING:
+        return f"{names[-1]}: {text}"
+    return text or "no reason given"
 
 
 _EXCEPTION_PREFIX = re.compile(r"([\w.]*(?:Error|Exception|Diverged|Failed)):\s*")
-_SELF_EXPLAINING = {"TrainingDiverged", "DetsweepError"}
+_SELF_EXPLAINING = {"TrainingDiverged", "DetsweepError", "TrialFailed"}  # their message is the reason

@@ -123,3 +123,27 @@ def test_cli_config_prints_the_resolved_config():
     assert result.returncode == 0, result.stderr
     lines = [line.strip() for line in result.stdout.splitlines()]
     assert "num_steps: 20" in lines and "moving_average_decay: 0.99" in lines  # whole lines: not 0.9999
+
+
+# What Tune keeps of a trial that raised (its error.txt): Ray's traceback, the reason last.
+TRIAL_TRACEBACK = """Traceback (most recent call last):
+  File "/repo/detsweep/trainables/trial.py", line 79, in run_trial
+    raise TrialFailed(reason)
+detsweep.trainables.trial.TrialFailed: loss is NaN/Inf at step 2"""
+
+
+@pytest.mark.parametrize("failure, expected", [
+    (TRIAL_TRACEBACK, "loss is NaN/Inf at step 2"),  # a trial's error, read back as text
+    (RuntimeError("ray.train.WorkerGroupError: detsweep.train.loop.TrainingDiverged: loss is NaN/Inf at step 7"),
+     "loss is NaN/Inf at step 7"),  # Ray's wrappers around a worker's error
+    ("ray.exceptions.ActorDiedError: The actor died unexpectedly", "ActorDiedError: The actor died unexpectedly"),
+    (None, "no reason given"),
+])
+def test_a_failure_is_told_by_its_innermost_reason_in_one_line(failure, expected):
+    from detsweep.errors import failure_reason
+
+    assert failure_reason(failure) == expected
+    if isinstance(failure, str):  # the same as the exception Tune hands over, whose text it is
+        wrapped = RuntimeError("the trial failed")
+        wrapped.__cause__ = Exception(failure)
+        assert failure_reason(wrapped) == expected

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from detsweep.errors import DetsweepError
+from detsweep.errors import DetsweepError, failure_reason
 from detsweep.tracking.sweep_run import TrialStatus
 from detsweep.trainables.trial import swept_values
 
@@ -113,7 +113,7 @@ def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
         rows.append(TrialOutcome(
             trial.trial_id, _status(trial.status, metrics, sweep), metrics,
             swept_values(trial.config, paths), _best_checkpoint(result, sweep),
-            error_line(trial.get_error()) if trial.status == TrialStatus.ERROR else None,
+            failure_reason(trial.get_error()) if trial.status == TrialStatus.ERROR else None,
         ))
     sign = -1 if sweep.search.mode == "max" else 1
 
@@ -154,14 +154,3 @@ def _best_checkpoint(result, sweep: Sweep) -> str | None:
 def _number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not math.isnan(value) else math.inf
 
-
-def error_line(error: BaseException | str | None) -> str:
-    """A trial's error as one line: the reason ``run_trial`` gave, else the innermost message."""
-    cause = error
-    while getattr(cause, "__cause__", None) is not None:
-        cause = cause.__cause__
-    lines = [line for line in str(cause or "").strip().splitlines() if line.strip()]
-    for line in reversed(lines):  # Ray wraps the trial's error: keep its own last line
-        if "TrialFailed:" in line:
-            return line.split("TrialFailed:", 1)[1].strip()
-    return lines[-1] if lines else type(cause).__name__

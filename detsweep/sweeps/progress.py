@@ -13,9 +13,8 @@ from typing import Any, TextIO
 
 from ray import tune
 
+from detsweep.errors import failure_reason
 from detsweep.trainables.trial import swept_values
-
-from .experiment import error_line
 
 
 def short(value: Any) -> str:
@@ -63,7 +62,7 @@ class SweepProgress(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
 
-        self._print(f"trial {self._label(trial)} errored: {error_line(trial.get_error())}")
+        self._print(f"trial {self._label(trial)} errored: {failure_reason(trial.get_error())}")
 
     def on_step_end(self, iteration, trials, **info) -> None:
         if time.monotonic() - self._last_table >= self.table_every_s:
