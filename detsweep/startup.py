@@ -19,6 +19,11 @@ from dataclasses import dataclass, field
 ONCE_PER_START = ("startup/", "restore/")
 
 
+def once_per_start(metrics: dict) -> dict:
+    """The metrics of ``metrics`` that a run's start reports once (:data:`ONCE_PER_START`)."""
+    return {key: value for key, value in metrics.items() if key.startswith(ONCE_PER_START)}
+
+
 @dataclass
 class StartupClock:
     origin: float = field(default_factory=time.time)

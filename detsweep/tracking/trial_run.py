@@ -24,7 +24,7 @@ import yaml
 
 from detsweep.config import TrialConfig
 from detsweep.evaluation.pictures import PICTURE_KEY, SCHEDULE_PICTURE_KEY
-from detsweep.startup import ONCE_PER_START
+from detsweep.startup import once_per_start
 
 from .writer import RetryingWriter
 
@@ -167,7 +167,7 @@ class TrialRun:
             step = max(step, self.last_step + 1)
         elif step <= self.last_step:  # this run has it: a resumed trial went back to its checkpoint
             self._note_replayed(step)
-            self.carried |= {key: value for key, value in values.items() if key.startswith(ONCE_PER_START)}
+            self.carried |= once_per_start(values)
             return
         else:
             values, self.carried = {**self.carried, **values}, {}

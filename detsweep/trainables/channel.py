@@ -35,7 +35,7 @@ import ray.train
 from ray.util.queue import Queue
 
 from detsweep.errors import failure_reason
-from detsweep.startup import ONCE_PER_START
+from detsweep.startup import once_per_start
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: 
                 metrics, carried = {**carried, **metrics}, {}
                 yield {**metrics, **evaluation.metrics} if evaluation else metrics, report.checkpoint if report else None
             else:
-                carried |= {key: value for key, value in metrics.items() if key.startswith(ONCE_PER_START)}
+                carried |= once_per_start(metrics)
                 notes.note_replayed(step)
             if evaluation is not None:
                 settled(step)
