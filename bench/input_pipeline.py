@@ -19,7 +19,8 @@ def pipeline_rates(config, batches: int, repeats: int) -> list[float]:
     """Images/s of the training pipeline (decode, resize, flip, pad, normalise, batch), each
     repeat a fresh pipeline past its first batch (autotuning and file-cache warm-up)."""
     from detsweep.data import load_dataset
-    from detsweep.data.pipeline import InputSpec, training_dataset
+    from detsweep.data.pipeline import training_dataset
+    from detsweep.data.processing import InputSpec
 
     train_set = load_dataset(config.data.train)
     rates = []

@@ -45,7 +45,8 @@ def keras_fit(config) -> list[tuple[int, float]]:
     import keras
 
     from detsweep.data import load_dataset
-    from detsweep.data.pipeline import InputSpec, training_dataset
+    from detsweep.data.pipeline import training_dataset
+    from detsweep.data.processing import InputSpec
     from detsweep.models import build_model
     from detsweep.optim import build_optimizer
     from detsweep.train.strategy import use_worker_cpus

@@ -16,7 +16,7 @@ from PIL import Image
 
 from detsweep.config import load_trial_config
 from detsweep.data import DetectionSet, Example, load_dataset
-from detsweep.data.pipeline import InputSpec
+from detsweep.data.processing import InputSpec
 from detsweep.errors import DetsweepError
 from detsweep.evaluation import evaluate_detections
 from detsweep.evaluation.pictures import read_image

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from detsweep.config import load_trial_config
 from detsweep.data import load_dataset
-from detsweep.data.pipeline import InputSpec, decode_and_resize, to_tensors, training_dataset
+from detsweep.data.pipeline import decode_and_resize, to_tensors, training_dataset
+from detsweep.data.processing import InputSpec, in_original_image
 from detsweep.evaluation import evaluate_detections, to_coco_detections
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage, build_optimizer
@@ -121,22 +122,29 @@ def test_without_moving_average_there_is_no_ema_evaluation():
 
 
 def test_coordinate_round_trip_scores_ap_1(tmp_path):
-    """Ground truth through resize (aspect kept) and padding, mapped back, scores AP = 1."""
+    """Ground truth through resize (aspect kept) and padding, mapped back by the function exports
+    and evaluation share, scores AP = 1; a label of no category and a box outside the image are dropped."""
     from detsweep.config import DatasetConfig
 
     dataset = load_dataset(DatasetConfig(format="voc", annotations=str(RACCOON / "annotations"),
                                          images=str(RACCOON / "images")), verify=False)
     spec = InputSpec(image_size=160)
+    category_ids = [c.id for c in dataset.categories]
     tensors = to_tensors(dataset, spec.max_boxes)
     data = tf.data.Dataset.from_tensor_slices(tensors).map(lambda e: decode_and_resize(e, spec, from_files=True))
     detections = []
     for element in data.map(lambda e: {k: v for k, v in e.items() if k != "image"}).batch(16):
-        labels = element["labels"].numpy()
+        labels, boxes = element["labels"].numpy(), element["boxes"].numpy()
         counts = (labels >= 0).sum(axis=1)
-        detections += to_coco_detections(
-            element["image_id"].numpy(), element["scale"].numpy(), element["boxes"].numpy(),
-            np.ones(labels.shape, np.float32), labels, counts, [c.id for c in dataset.categories],
-            {e.image_id: (e.height, e.width) for e in dataset.examples})
+        # Two more rows on the first image: a label past the categories, and a box left of the image.
+        labels[0, counts[0]:counts[0] + 2] = [len(category_ids), 0]
+        boxes[0, counts[0]:counts[0] + 2] = [[10, 10, 50, 50], [10, -60, 50, -20]]
+        decoded = {"boxes": tf.constant(boxes), "labels": tf.constant(labels), "confidence": tf.ones(labels.shape),
+                   "num_detections": tf.constant(counts + np.eye(len(counts), dtype=counts.dtype)[0] * 2)}
+        found = in_original_image(decoded, element["scale"], element["image_shape"], category_ids)
+        found = {k: v.numpy() for k, v in found.items()}
+        np.testing.assert_array_equal(found["num_detections"], counts)
+        detections += to_coco_detections(element["image_id"].numpy(), found)
     assert len(detections) == dataset.num_boxes == 217
     metrics = evaluate_detections(dataset.to_coco(), detections)
     assert metrics["AP"] == pytest.approx(1.0) and metrics["AP50"] == pytest.approx(1.0)

@@ -4,7 +4,8 @@ import tensorflow as tf
 
 from detsweep.config import ScalingConfig, load_trial_config
 from detsweep.data import load_dataset
-from detsweep.data.pipeline import InputSpec, training_dataset
+from detsweep.data.pipeline import training_dataset
+from detsweep.data.processing import InputSpec
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage, build_optimizer
 from detsweep.train import strategy as strategy_module

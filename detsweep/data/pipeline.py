@@ -1,32 +1,19 @@
 """A DetectionSet → tf.data: decode, resize (aspect kept) and pad, augment, pad boxes, batch.
 
 Every reader ends here, so COCO, VOC, TFRecord and synthetic data train identically.
-Boxes stay in absolute pixels (ymin, xmin, ymax, xmax) of the resized image; ``scale``
-maps them back to the original image for evaluation.
+Boxes stay in absolute pixels (ymin, xmin, ymax, xmax) of the resized image; ``scale`` and
+``image_shape`` let :func:`~detsweep.data.processing.in_original_image` map detections back.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
 from detsweep.config import AugmentationConfig
 
+from .processing import InputSpec, pad_and_normalise, resize_longer_side
 from .records import DetectionSet
-
-# ImageNet statistics, as keras-hub's image converters normalise for pretrained encoders.
-# (Plain lists: a tf.constant at import time would start TensorFlow's runtime too early for
-# MultiWorkerMirroredStrategy.)
-MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
-STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    image_size: int
-    max_boxes: int = 100
 
 
 def to_tensors(dataset: DetectionSet, max_boxes: int) -> dict[str, np.ndarray]:
@@ -51,20 +38,12 @@ def to_tensors(dataset: DetectionSet, max_boxes: int) -> dict[str, np.ndarray]:
 def decode_and_resize(element: dict, spec: InputSpec, from_files: bool) -> dict:
     data = tf.io.read_file(element["image"]) if from_files else element["image"]
     # channels=3 turns grayscale into RGB and drops an alpha channel.
-    image, scale = resize_longer_side(tf.io.decode_image(data, channels=3, expand_animations=False), spec.image_size)
+    decoded = tf.io.decode_image(data, channels=3, expand_animations=False)
+    image, scale = resize_longer_side(decoded, spec.image_size)
     valid = element["labels"] >= 0
     boxes = tf.where(valid[:, None], element["boxes"] * scale, -1.0)
-    return {**element, "image": image, "boxes": boxes, "scale": scale, "resized_shape": tf.shape(image)[:2]}
-
-
-def resize_longer_side(images: tf.Tensor, image_size: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """An image ``[h, w, 3]`` (or a batch of one size, ``[b, h, w, 3]``) as float32 with its
-    longer side ``image_size``, aspect kept; and the scale from original to resized pixels.
-    Exported models do the same in their graphs."""
-    shape = tf.cast(tf.shape(images)[-3:-1], tf.float32)
-    scale = image_size / tf.reduce_max(shape)
-    resized_shape = tf.cast(tf.round(shape * scale), tf.int32)
-    return tf.image.resize(tf.cast(images, tf.float32), resized_shape), scale
+    return {**element, "image": image, "boxes": boxes, "scale": scale, "resized_shape": tf.shape(image)[:2],
+            "image_shape": tf.shape(decoded)[:2]}
 
 
 def random_horizontal_flip(element: dict, probability: float) -> dict:
@@ -107,14 +86,6 @@ def random_scale_crop(element: dict, spec: InputSpec, scale_min: float, scale_ma
     }
 
 
-def pad_and_normalise(element: dict, spec: InputSpec) -> dict:
-    """Pad bottom and right to the square, then normalise; one image or a batch."""
-    image = tf.image.pad_to_bounding_box(element["image"], 0, 0, spec.image_size, spec.image_size)
-    image = (image - MEAN) / STD
-    image.set_shape(image.shape[:-3].concatenate([spec.image_size, spec.image_size, 3]))
-    return {**element, "image": image}
-
-
 def training_dataset(
     dataset: DetectionSet,
     spec: InputSpec,
@@ -144,7 +115,7 @@ def training_dataset(
 
 
 def evaluation_dataset(dataset: DetectionSet, spec: InputSpec, batch_size: int) -> tf.data.Dataset:
-    """Every image once, in order: ``(images, {"image_id", "scale"})`` batches of exactly
+    """Every image once, in order: ``(images, {"image_id", "scale", "image_shape"})`` batches of exactly
     ``batch_size`` (the evaluator traces one static batch shape); the last one is filled up with
     copies of the first image whose ``image_id`` is -1."""
     from_files = dataset.examples[0].encoded is None
@@ -155,5 +126,5 @@ def evaluation_dataset(dataset: DetectionSet, spec: InputSpec, batch_size: int) 
     data = tf.data.Dataset.from_tensor_slices(tensors)
     data = data.map(lambda e: pad_and_normalise(decode_and_resize(e, spec, from_files), spec),
                     num_parallel_calls=tf.data.AUTOTUNE)
-    data = data.map(lambda e: (e["image"], {"image_id": e["image_id"], "scale": e["scale"]}))
+    data = data.map(lambda e: (e["image"], {key: e[key] for key in ("image_id", "scale", "image_shape")}))
     return data.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -1,7 +1,7 @@
 """COCO box metrics by pycocotools' own COCOeval.
 
-Detections arrive in the model's resized-image pixels with contiguous labels; they are
-mapped back to the original image and the dataset's original category ids first, so the
+Detections arrive in their original images' pixels with the dataset's own category ids
+(mapped back by :mod:`detsweep.data.processing`, as exported models map them), so the
 numbers are comparable with any other COCO evaluation of the same ground truth.
 """
 
@@ -20,33 +20,21 @@ METRIC_NAMES = ["AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100
 REPORTED = ["AP", "AP50", "AP75", "APs", "APm", "APl", "AR100"]
 
 
-def to_coco_detections(
-    image_ids: np.ndarray,
-    scales: np.ndarray,
-    boxes: np.ndarray,
-    scores: np.ndarray,
-    labels: np.ndarray,
-    counts: np.ndarray,
-    original_ids: list[int],
-    image_sizes: dict[int, tuple[int, int]],
-) -> list[dict]:
-    """A batch of model outputs as COCO result dicts (original pixels, xywh, original ids).
-    Boxes are clipped to their image (``image_sizes``: height, width by image id), as the OD
-    API's and exported models' are, so that every evaluation of a model scores the same boxes."""
+def to_coco_detections(image_ids: np.ndarray, found: dict[str, np.ndarray]) -> list[dict]:
+    """A batch of detections in their original images (``boxes`` in pixels, ``classes`` as
+    category ids, ``scores``, ``num_detections``: see :func:`~detsweep.data.processing.in_original_image`)
+    as COCO result dicts, boxes as ``x, y, width, height``. Images with id -1 are skipped."""
     results = []
     for i, image_id in enumerate(image_ids):
         if image_id < 0:  # filler that completes the last batch
             continue
-        height, width = image_sizes[int(image_id)]
-        for box, score, label in zip(boxes[i, : counts[i]], scores[i, : counts[i]], labels[i, : counts[i]]):
-            ymin, xmin, ymax, xmax = np.clip(np.asarray(box, np.float64) / float(scales[i]), 0, [height, width] * 2)
-            # labels past the data's categories (model.num_classes above their count) have no ground truth
-            if xmax <= xmin or ymax <= ymin or not 0 <= label < len(original_ids):
-                continue
+        count = int(found["num_detections"][i])
+        for box, score, category in zip(found["boxes"][i, :count], found["scores"][i, :count], found["classes"][i, :count]):
+            ymin, xmin, ymax, xmax = (float(v) for v in box)
             results.append({
                 "image_id": int(image_id),
-                "category_id": original_ids[int(label)],
-                "bbox": [float(xmin), float(ymin), float(xmax - xmin), float(ymax - ymin)],
+                "category_id": int(category),
+                "bbox": [xmin, ymin, xmax - xmin, ymax - ymin],
                 "score": float(score),
             })
     return results

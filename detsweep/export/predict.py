@@ -33,15 +33,14 @@ class Predictor:
 
     def predict(self, image: np.ndarray, min_score: float) -> list[dict]:
         """The detections of one uint8 ``[height, width, 3]`` image scoring at least ``min_score``;
-        boxes are normalised ``ymin, xmin, ymax, xmax``. Boxes that lay outside the image were
-        clipped to nothing: they are left out."""
+        boxes are normalised ``ymin, xmin, ymax, xmax``."""
         out = self.detect(image[None])
         count = int(out["num_detections"][0])
         found = zip(out["detection_classes"][0, :count], out["detection_scores"][0, :count],
                     out["detection_boxes"][0, :count])
         return [{"class_id": int(c), "class_name": self.names.get(int(c), str(c)), "score": float(score),
                  "box": [float(v) for v in box]}
-                for c, score, box in found if score >= min_score and box[2] > box[0] and box[3] > box[1]]
+                for c, score, box in found if score >= min_score]
 
 
 def saved_model_predictor(directory: str | Path) -> Predictor:

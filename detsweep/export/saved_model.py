@@ -7,8 +7,10 @@ way back to normalised ``ymin, xmin, ymax, xmax`` of the original image and the 
 category ids. It returns ``detection_boxes`` float32 ``[batch, N, 4]`` (clipped to [0, 1]),
 ``detection_classes`` int64 ``[batch, N]`` (the OD API gives float32; an id is an integer),
 ``detection_scores`` float32 ``[batch, N]`` and ``num_detections`` int64 ``[batch]``; rows past
-``num_detections`` are zeros. The outputs equal :class:`~detsweep.export.detector.Detector`'s;
-boxes partly outside the image are clipped, as training's evaluation clips them.
+``num_detections`` are zeros. The graph is :func:`~detsweep.data.processing.detect_pictures`,
+which :class:`~detsweep.export.detector.Detector` runs too and whose mapping back to the
+original image training's evaluation uses: boxes partly outside the image are clipped, boxes
+left with no area and labels of no category are dropped, in all three alike.
 
 Beside the model, ``config.yaml`` (the checkpoint's as-run config) and ``detsweep.json``
 (category ids and names, the step, whether the weights are the moving average), so that
@@ -24,7 +26,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from detsweep.checkpoints import CONFIG_FILE
-from detsweep.data.pipeline import InputSpec, pad_and_normalise, resize_longer_side
+from detsweep.data.processing import InputSpec, detect_pictures
 from detsweep.train.restore import load_trained_model
 
 from .paths import check_new_folder, staged_folder
@@ -58,7 +60,7 @@ def read_export_info(directory: str | Path) -> dict:
 
 
 class DetectionModule(tf.Module):
-    """The serving graph around a trained detector."""
+    """The serving graph around a trained detector: :func:`~detsweep.data.processing.detect_pictures`."""
 
     def __init__(self, model, image_size: int, category_ids: list[int]):
         super().__init__()
@@ -68,25 +70,4 @@ class DetectionModule(tf.Module):
 
     @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")])
     def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
-        resized, scale = resize_longer_side(images, self.spec.image_size)
-        batch = pad_and_normalise({"image": resized}, self.spec)["image"]
-        # Under mixed precision the heads emit float16; keras-hub's box decoding wants float32.
-        predictions = {k: tf.cast(v, tf.float32) for k, v in self.model(batch, training=False).items()}
-        decoded = self.model.decode_predictions(predictions, batch)
-        return self.in_original_image(decoded, scale, tf.shape(images)[1:3])
-
-    def in_original_image(self, decoded: dict[str, tf.Tensor], scale: tf.Tensor,
-                          image_shape: tf.Tensor) -> dict[str, tf.Tensor]:
-        """Boxes normalised to the original image, labels as category ids, padding rows zero."""
-        count = tf.cast(decoded["num_detections"], tf.int64)
-        valid = tf.range(tf.shape(decoded["labels"], out_type=tf.int64)[1])[None, :] < count[:, None]
-        size = tf.cast(tf.tile(image_shape, [2]), tf.float32)
-        boxes = tf.clip_by_value(decoded["boxes"] / scale / size, 0.0, 1.0)
-        # Padding rows have label -1: any index will do, they are zeroed below.
-        classes = tf.gather(tf.constant(self.category_ids, tf.int64), tf.maximum(decoded["labels"], 0))
-        return {
-            "detection_boxes": tf.where(valid[..., None], boxes, 0.0),
-            "detection_classes": tf.where(valid, classes, tf.zeros_like(classes)),
-            "detection_scores": tf.where(valid, decoded["confidence"], 0.0),
-            "num_detections": count,
-        }
+        return detect_pictures(self.model, images, self.spec, self.category_ids)

@@ -10,7 +10,8 @@ import keras
 import tensorflow as tf
 
 from detsweep.data import DetectionSet
-from detsweep.data.pipeline import InputSpec, evaluation_dataset
+from detsweep.data.pipeline import evaluation_dataset
+from detsweep.data.processing import InputSpec, decoded_detections, in_original_image
 from detsweep.evaluation import evaluate_detections, to_coco_detections
 from detsweep.evaluation.pictures import PICTURE_KEY, detections_picture
 from detsweep.optim import MovingAverage
@@ -23,15 +24,13 @@ class Evaluator:
         self.val_set = val_set
         self.ground_truth = val_set.to_coco()
         self.batches = evaluation_dataset(val_set, spec, batch_size)
-        self.original_ids = [category.id for category in val_set.categories]
-        self.image_sizes = {example.image_id: (example.height, example.width) for example in val_set.examples}
+        category_ids = [category.id for category in val_set.categories]
         image_spec = tf.TensorSpec([batch_size, spec.image_size, spec.image_size, 3], tf.float32)
+        scale_spec, shape_spec = tf.TensorSpec([batch_size], tf.float32), tf.TensorSpec([batch_size, 2], tf.int32)
 
-        @tf.function(input_signature=[image_spec])
-        def detect(images):
-            # Under mixed precision the heads emit float16; keras-hub's box decoding wants float32.
-            predictions = {k: tf.cast(v, tf.float32) for k, v in model(images, training=False).items()}
-            return model.decode_predictions(predictions, images)
+        @tf.function(input_signature=[image_spec, scale_spec, shape_spec])
+        def detect(images, scale, image_shape):
+            return in_original_image(decoded_detections(model, images), scale, image_shape, category_ids)
 
         self.detect = detect
 
@@ -39,12 +38,8 @@ class Evaluator:
         """COCO result dicts for every val image."""
         detections = []
         for images, meta in self.batches:
-            out = self.detect(images)
-            detections += to_coco_detections(
-                meta["image_id"].numpy(), meta["scale"].numpy(), out["boxes"].numpy(),
-                out["confidence"].numpy(), out["labels"].numpy(), out["num_detections"].numpy(),
-                self.original_ids, self.image_sizes,
-            )
+            found = self.detect(images, meta["scale"], meta["image_shape"])
+            detections += to_coco_detections(meta["image_id"].numpy(), {k: v.numpy() for k, v in found.items()})
         return detections
 
     def evaluate_with_average(self, moving_average: MovingAverage | None, picture: bool = False) -> dict:

@@ -16,7 +16,8 @@ import tensorflow as tf
 from detsweep.config import TrialConfig
 from detsweep.config.schema import TrainConfig
 from detsweep.data import DetectionSet, load_dataset
-from detsweep.data.pipeline import InputSpec, training_dataset
+from detsweep.data.pipeline import training_dataset
+from detsweep.data.processing import InputSpec
 from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
 from detsweep.optim.report import schedule_png
 from detsweep.startup import StartupClock

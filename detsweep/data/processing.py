@@ -1,0 +1,101 @@
+"""What surrounds the network, in one place: pictures → the model's input, and the model's
+output → detections in the original picture, with the dataset's own category ids.
+
+The training pipeline, training's evaluation, :class:`~detsweep.export.detector.Detector` and
+the SavedModel (so TFLite too) all go through these functions, so an exported model scores
+what evaluation scored by construction, not only by test. Boxes are ``ymin, xmin, ymax,
+xmax`` throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+# ImageNet statistics, as keras-hub's image converters normalise for pretrained encoders.
+# (Plain lists: a tf.constant at import time would start TensorFlow's runtime too early for
+# MultiWorkerMirroredStrategy.)
+MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    image_size: int
+    max_boxes: int = 100
+
+
+# --- pictures → the model's input ------------------------------------------------------------
+
+def resize_longer_side(images: tf.Tensor, image_size: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """An image ``[h, w, 3]`` (or a batch of one size, ``[b, h, w, 3]``) as float32 with its
+    longer side ``image_size``, aspect kept; and the scale from original to resized pixels."""
+    shape = tf.cast(tf.shape(images)[-3:-1], tf.float32)
+    scale = image_size / tf.reduce_max(shape)
+    resized_shape = tf.cast(tf.round(shape * scale), tf.int32)
+    return tf.image.resize(tf.cast(images, tf.float32), resized_shape), scale
+
+
+def pad_and_normalise(element: dict, spec: InputSpec) -> dict:
+    """Pad bottom and right to the square, then normalise; one image or a batch."""
+    image = tf.image.pad_to_bounding_box(element["image"], 0, 0, spec.image_size, spec.image_size)
+    image = (image - MEAN) / STD
+    image.set_shape(image.shape[:-3].concatenate([spec.image_size, spec.image_size, 3]))
+    return {**element, "image": image}
+
+
+# --- the model's output → detections in the original picture ------------------------------
+
+def decoded_detections(model, images: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The model's detections on model-ready ``images``: boxes in their pixels, contiguous labels."""
+    # Under mixed precision the heads emit float16; keras-hub's box decoding wants float32.
+    predictions = {k: tf.cast(v, tf.float32) for k, v in model(images, training=False).items()}
+    return model.decode_predictions(predictions, images)
+
+
+def in_original_image(decoded: dict[str, tf.Tensor], scale: tf.Tensor, image_shape: tf.Tensor,
+                      category_ids: list[int]) -> dict[str, tf.Tensor]:
+    """Detections back in each original image: ``boxes`` in its pixels, clipped to it;
+    ``classes`` as the dataset's category ids; ``scores``; ``num_detections``.
+
+    ``scale`` (a scalar or ``[b]``) maps original to resized pixels; ``image_shape`` is
+    ``[height, width]`` or ``[b, 2]``. Detections of no category (a model with more classes
+    than the data) or with no area left inside the image are dropped; the rest keep their
+    order, and rows past ``num_detections`` are zeros.
+    """
+    boxes, labels = decoded["boxes"], decoded["labels"]
+    batch, rows = tf.shape(labels)[0], tf.shape(labels)[1]
+    scale = tf.broadcast_to(tf.cast(scale, tf.float32), [batch])[:, None, None]
+    size = tf.broadcast_to(tf.cast(image_shape, tf.float32), [batch, 2])
+    boxes = tf.minimum(tf.maximum(boxes / scale, 0.0), tf.tile(size, [1, 2])[:, None, :])
+    keep = ((tf.range(rows)[None, :] < tf.cast(decoded["num_detections"], tf.int32)[:, None])
+            & (labels >= 0) & (labels < len(category_ids))
+            & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1]))
+    # The kept rows first, in their order: a stable sort on "dropped".
+    order = tf.argsort(tf.cast(~keep, tf.int32), axis=1, stable=True)
+    keep = tf.gather(keep, order, batch_dims=1)
+    classes = tf.gather(tf.constant(category_ids, tf.int64), tf.clip_by_value(labels, 0, len(category_ids) - 1))
+    return {
+        "boxes": tf.where(keep[..., None], tf.gather(boxes, order, batch_dims=1), 0.0),
+        "classes": tf.where(keep, tf.gather(classes, order, batch_dims=1), tf.constant(0, tf.int64)),
+        "scores": tf.where(keep, tf.gather(decoded["confidence"], order, batch_dims=1), 0.0),
+        "num_detections": tf.reduce_sum(tf.cast(keep, tf.int64), axis=1),
+    }
+
+
+def detect_pictures(model, images: tf.Tensor, spec: InputSpec, category_ids: list[int]) -> dict[str, tf.Tensor]:
+    """uint8 pictures ``[b, height, width, 3]`` of one size → the OD API's outputs:
+    ``detection_boxes`` normalised to the picture, ``detection_classes`` (category ids, int64),
+    ``detection_scores``, ``num_detections`` (int64)."""
+    resized, scale = resize_longer_side(images, spec.image_size)
+    batch = pad_and_normalise({"image": resized}, spec)["image"]
+    image_shape = tf.shape(images)[1:3]
+    found = in_original_image(decoded_detections(model, batch), scale, image_shape, category_ids)
+    size = tf.cast(tf.tile(image_shape, [2]), tf.float32)
+    return {
+        "detection_boxes": found["boxes"] / size,
+        "detection_classes": found["classes"],
+        "detection_scores": found["scores"],
+        "num_detections": found["num_detections"],
+    }
