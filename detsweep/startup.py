@@ -36,6 +36,11 @@ class StartupClock:
         self.phases[phase] = now - (self.last if self.last is not None else self.origin)
         self.last = now
 
+    def mark_once(self, phase: str) -> None:
+        """End ``phase`` now unless it has ended before: marked after every loop, "first_loop" keeps the first."""
+        if phase not in self.phases:
+            self.mark(phase)
+
     def metrics(self) -> dict[str, float]:
         return {**{f"startup/{phase}_s": seconds for phase, seconds in self.phases.items()},
                 "startup/total_s": sum(self.phases.values())}

@@ -16,7 +16,8 @@ from detsweep.data.processing import InputSpec, in_original_image
 from detsweep.evaluation import evaluate_detections, to_coco_detections
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage, build_optimizer
-from detsweep.train import TrainingDiverged, WorkerContext, run_training
+from detsweep.startup import StartupClock
+from detsweep.train import TrainingDiverged, WorkerContext, run_training, with_first_report_extras
 from detsweep.train.checkpoint import TrainingState, weights_fingerprint
 from detsweep.train.restore import load_trained_model
 
@@ -53,8 +54,8 @@ class Recorder:
 
 
 def test_loss_goes_down_and_every_loop_is_reported(tmp_path):
-    recorder = Recorder(tmp_path)
-    run_training(short_config(), recorder)
+    recorder, clock = Recorder(tmp_path), StartupClock()
+    run_training(short_config(), with_first_report_extras(recorder, clock.metrics), WorkerContext(startup=clock))
     steps = [report["step"] for report in recorder.reports]
     assert steps == [10, 20, 30]
     assert recorder.reports[-1]["train/loss"] < 0.5 * recorder.reports[0]["train/loss"]
@@ -65,12 +66,14 @@ def test_loss_goes_down_and_every_loop_is_reported(tmp_path):
     best = recorder.reports[-1]
     assert best["eval/AP_best"] == max(best["eval/AP"], best["eval_ema/AP"])
     assert [p.name for p in recorder.checkpoints] == ["step_10", "step_20", "step_30"]
-    # The first report says where the start-up time went; no later one repeats it.
+    # The first report says where the start-up time went (the loop marks the phases, the caller
+    # adds them); no later one repeats it, and later loops did not move the first loop's mark.
     startup = {key: value for key, value in recorder.reports[0].items() if key.startswith("startup/")}
     assert set(startup) == {f"startup/{phase}_s" for phase in ("strategy", "data", "model", "first_loop", "total")}
     assert min(startup.values()) >= 0 and startup["startup/first_loop_s"] > 0
     assert startup["startup/total_s"] == pytest.approx(sum(startup.values()) - startup["startup/total_s"])
     assert not [key for report in recorder.reports[1:] for key in report if key.startswith("startup/")]
+    assert clock.metrics() == startup
 
 
 def test_restart_from_a_checkpoint_continues_at_its_step_with_its_optimizer_state(tmp_path):

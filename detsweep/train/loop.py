@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import base64
 import enum
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import keras
@@ -18,11 +17,9 @@ from detsweep.config.schema import TrainConfig
 from detsweep.data import DetectionSet, load_dataset
 from detsweep.data.pipeline import training_dataset
 from detsweep.data.processing import InputSpec
-from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
-from detsweep.optim.report import schedule_png
 from detsweep.startup import StartupClock
 
-from .checkpoint import build_training_state, weights_fingerprint
+from .checkpoint import TrainingState, build_training_state, weights_fingerprint
 from .evaluate import Evaluator, is_due
 from .step import make_train_loop
 from .strategy import make_strategy, use_worker_cpus
@@ -50,15 +47,16 @@ class TrainingDiverged(RuntimeError):
 class WorkerContext:
     rank: int = 0
     restore_from: Path | None = None  # a checkpoint directory to resume from
-    pictures: bool = False  # for MLflow: the schedule once, the detections at every evaluation
-    startup: StartupClock | None = None  # marked here up to the first step, then reported once
+    pictures: bool = False  # for MLflow: a picture of the detections at every evaluation
+    startup: StartupClock = field(default_factory=StartupClock)  # its phases are marked here, up to the first loop
     fine_tune_from: Path | None = None  # a local copy of train.fine_tune.checkpoint (default: that folder)
 
 
 def run_training(config: TrialConfig, report: Reporter, context: WorkerContext = WorkerContext()) -> dict[str, float]:
-    """Train ``config`` to ``train.num_steps``, reporting every loop; returns the last metrics."""
-    startup: StartupClock | None = context.startup or StartupClock()
-    train = config.train
+    """Train ``config`` to ``train.num_steps``, reporting every loop; returns the last metrics.
+    A resumed run's first report carries ``restore/*``; the caller adds what else it wants
+    there (:func:`with_first_report_extras`)."""
+    train, startup = config.train, context.startup
     # --- workers, data, model ---------------------------------------------------------
     use_worker_cpus(config.scaling.cpus_per_worker)  # first: both need TensorFlow's runtime unstarted
     strategy = make_strategy(config.scaling)  # several workers: waits for all of them
@@ -69,13 +67,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     val_set = load_dataset(config.data.val, verify=False) if config.data.val else None
     spec = InputSpec(config.model.image_size)
     startup.mark("data")
-    with strategy.scope():
-        state, losses = build_training_state(config, config.model.num_classes or len(train_set.categories))
-    restored: dict[str, float] = {}
-    if context.restore_from:  # the same training, resumed
-        restored = {"restore/step": state.restore(context.restore_from), "restore/weights_l1": weights_fingerprint(state.model)}
-    elif train.fine_tune:  # another training's weights, as far as they fit
-        restore_what_fits(state, config, context.fine_tune_from)
+    state, losses, restored = starting_state(strategy, config, context, len(train_set.categories))
     step = int(state.step.numpy())
     startup.mark("model")
     batches = distributed_batches(strategy, train_set, spec, config, step)
@@ -90,15 +82,12 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         # --- train one loop -----------------------------------------------------------
         started = time.perf_counter()
         result = train_loop(batches, tf.constant(min(train.steps_per_loop, train.num_steps - step)))
-        if startup:  # the first loop: tracing, and the input pipeline's first batches
-            startup.mark("first_loop")
+        startup.mark_once("first_loop")  # tracing, and the input pipeline's first batches
         if not bool(result["finite"]):
             raise TrainingDiverged(f"loss is NaN/Inf at step {step + int(result['steps_run'])}")
         step = int(state.step.numpy())
         metrics = loop_metrics(result, step, time.perf_counter() - started, state.schedule, train.batch_size)
-        if startup:
-            metrics |= first_report_extras(startup, config, context) | restored
-            startup = None
+        metrics, restored = metrics | restored, {}  # only the first report carries restore/*
         # --- evaluate, checkpoint, report ----------------------------------------------
         evaluation_due = val_set is not None and is_due(step, train.eval_every, train.num_steps)
         if evaluator and evaluation_due:
@@ -110,6 +99,34 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         else:
             report(metrics, None, milestone)
     return metrics
+
+
+def starting_state(strategy: tf.distribute.Strategy, config: TrialConfig, context: WorkerContext,
+                   num_categories: int) -> tuple[TrainingState, Callable, dict[str, float]]:
+    """The state training starts from: its own checkpoint (resumed), another training's weights
+    as far as they fit (a fine-tune), or new; the loss terms' callable; and what a resume
+    reports once: ``restore/step`` and ``restore/weights_l1``."""
+    with strategy.scope():
+        state, losses = build_training_state(config, config.model.num_classes or num_categories)
+    if context.restore_from:
+        step = state.restore(context.restore_from)
+        return state, losses, {"restore/step": step, "restore/weights_l1": weights_fingerprint(state.model)}
+    if config.train.fine_tune:
+        restore_what_fits(state, config, context.fine_tune_from)
+    return state, losses, {}
+
+
+def with_first_report_extras(report: Reporter, extras: Callable[[], dict]) -> Reporter:
+    """``report``, with ``extras()`` added to its first call's metrics: what a caller wants
+    reported once, computed when the first loop is done (start-up phases, say)."""
+    pending = [extras]
+
+    def reporting(metrics: dict[str, float], checkpoint_dir: Path | None, milestone: Milestone) -> None:
+        if pending:
+            metrics = metrics | pending.pop()()
+        report(metrics, checkpoint_dir, milestone)
+
+    return reporting
 
 
 def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSet, spec: InputSpec,
@@ -138,14 +155,6 @@ def loop_metrics(result: dict, step: int, seconds: float, schedule: Callable, ba
         "train/lr": float(schedule(step - 1)),
         "train/images_per_sec": batch_size * int(result["steps_run"]) / seconds,
     }
-
-
-def first_report_extras(startup: StartupClock, config: TrialConfig, context: WorkerContext) -> dict:
-    """Where start-up time went, and (for MLflow, from rank 0) the schedule's picture."""
-    extras: dict = startup.metrics()
-    if context.pictures and context.rank == 0:
-        extras[SCHEDULE_PICTURE_KEY] = base64.b64encode(schedule_png(config)).decode("ascii")
-    return extras
 
 
 def milestone_of(step: int, train: TrainConfig, evaluation_due: bool) -> tuple[Milestone, bool]:

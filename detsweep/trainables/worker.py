@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import time
@@ -32,6 +33,17 @@ def fine_tune_source(config: TrialConfig) -> contextlib.AbstractContextManager[P
     return local_copy(config.train.fine_tune.checkpoint, resolve_backend(config.tracking).uri)
 
 
+def first_report_extras(startup: StartupClock, config: TrialConfig, schedule_picture: bool) -> dict:
+    """Where start-up time went; with ``schedule_picture`` (for MLflow), the schedule's picture."""
+    extras: dict = startup.metrics()
+    if schedule_picture:
+        from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
+        from detsweep.optim.report import schedule_png
+
+        extras[SCHEDULE_PICTURE_KEY] = base64.b64encode(schedule_png(config)).decode("ascii")
+    return extras
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     """Resume from Ray's latest checkpoint when there is one (a restarted worker group),
     else from ``restore_from`` (a Tune checkpoint: PBT, a resumed sweep); train; rank 0 sends
@@ -41,7 +53,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # A worker group Ray Train restarted times its own start: the trial's began long before.
     startup = StartupClock.from_dict(loop_config["startup"]) if loop_config.get("startup") and not latest else StartupClock()
     startup.mark("workers")
-    from detsweep.train import Milestone, WorkerContext, run_training  # TensorFlow loads in the worker only
+    from detsweep.train import (  # TensorFlow loads here only
+        Milestone,
+        WorkerContext,
+        run_training,
+        with_first_report_extras,
+    )
 
     startup.mark("imports")
     quiet_report_logging()
@@ -70,9 +87,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
             # A fine-tune starts from another training's checkpoint unless it resumes its own.
             fine_tune = config.train.fine_tune if restore_from is None else None
             fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
-            context = WorkerContext(rank=rank, restore_from=restore_from, pictures=loop_config.get("pictures", False),
+            pictures = loop_config.get("pictures", False)
+            context = WorkerContext(rank=rank, restore_from=restore_from, pictures=pictures,
                                     startup=startup, fine_tune_from=fine_tune_from)
-            run_training(config, report, context)
+            run_training(config, with_first_report_extras(report, lambda: first_report_extras(
+                startup, config, schedule_picture=pictures and rank == 0)), context)
     finally:
         if sender:  # a failed training's loops, too, reach the run before its error does
             sender.flush()
