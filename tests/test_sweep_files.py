@@ -79,7 +79,9 @@ def test_the_scheduler_is_the_ray_tune_object_the_file_describes(write):
 
 @pytest.mark.parametrize("search, expected", [
     ("  space:\n    optimizer.lerning_rate.learning_rate_base: {values: [0.1]}\n",
-     "'lerning_rate' is not a field of the trial config"),
+     "'lerning_rate' is not a field of the trial config, expected one of "),
+    ("  space:\n    optimizer.lerning_rate.learning_rate_base: {values: [0.1]}\n", "(did you mean 'learning_rate'?)"),
+    ("  space:\n    optimizer.type.name: {values: [adam]}\n", "search.space.optimizer.type.name: optimizer.type has no fields below it"),
     ("  space:\n    optimizer.learning_rate.learning_rate_base: {distribution: uniform, min: 0.2, max: 0.1}\n",
      "min: found 0.2, expected <= max (0.1)"),
     ("  space:\n    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0, max: 0.1}\n",

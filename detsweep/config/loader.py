@@ -204,7 +204,7 @@ def describe(error: ValidationError, model: type[BaseModel], source: str, overri
     elif kind == "literal_error":
         choices = re.findall(r"'([^']*)'", ctx.get("expected", ""))
         found = _show(first["input"])
-        expected = "one of " + ", ".join(choices) + _did_you_mean(first["input"], choices)
+        expected = "one of " + ", ".join(choices) + did_you_mean(first["input"], choices)
     else:
         found, expected = _show(first["input"]), _lowercase_first(first["msg"].removeprefix("Input should be "))
     path = ".".join(loc) or "(top level)"
@@ -220,19 +220,20 @@ def _override_for(path: str, overridden: Mapping[str, str]) -> str | None:
 
 
 def _unknown_key_hint(model: type[BaseModel], loc: list[str]) -> str:
-    section = _model_at(model, loc[:-1])
+    section = model_at(model, loc[:-1])
     known = list(section.model_fields) if section else []
-    return f"one of {', '.join(known)}" + _did_you_mean(loc[-1], known)
+    return f"one of {', '.join(known)}" + did_you_mean(loc[-1], known)
 
 
 def _description(model: type[BaseModel], loc: list[str]) -> str | None:
-    section = _model_at(model, loc[:-1])
+    section = model_at(model, loc[:-1])
     field = section.model_fields.get(loc[-1]) if section else None
     return field.description if field else None
 
 
-def _model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
-    """The pydantic model class found by following ``loc`` from ``model``."""
+def model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+    """The pydantic model class found by following ``loc`` from ``model`` (None: a path that
+    leads nowhere, or to a plain value). The one walk of the config's classes."""
     current: Any = model
     for part in loc:
         if part.isdigit():  # list index: the element type was already unwrapped
@@ -257,7 +258,7 @@ def _is_model(candidate: Any) -> bool:
     return isinstance(candidate, type) and issubclass(candidate, BaseModel)
 
 
-def _did_you_mean(word: Any, choices: list[str]) -> str:
+def did_you_mean(word: Any, choices: list[str]) -> str:
     close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

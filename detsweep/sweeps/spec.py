@@ -10,16 +10,23 @@ algorithm/scheduler combinations.
 from __future__ import annotations
 
 import copy
-import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from detsweep.config import TrialConfig, validate
-from detsweep.config.loader import merge_trees, read_trial_tree, read_yaml_mapping, resolve_data_paths, set_path
+from detsweep.config.loader import (
+    did_you_mean,
+    merge_trees,
+    model_at,
+    read_trial_tree,
+    read_yaml_mapping,
+    resolve_data_paths,
+    set_path,
+)
 from detsweep.config.schema import Section, invalid
 from detsweep.errors import DetsweepError
 
@@ -158,29 +165,15 @@ def _candidates(parameter: Parameter) -> list[Any]:
 
 
 def _check_field_exists(dotted: str, where: str, path: Path) -> None:
-    model: Any = TrialConfig
-    for depth, key in enumerate(dotted.split(".")):
-        fields = getattr(model, "model_fields", None)
-        if fields is None:
-            raise DetsweepError(f"{path}: {where}: {'.'.join(dotted.split('.')[:depth])} has no fields below it")
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+    parts = dotted.split(".")
+    for depth, key in enumerate(parts):
+        section = model_at(TrialConfig, parts[:depth])
+        if section is None:
+            raise DetsweepError(f"{path}: {where}: {'.'.join(parts[:depth])} has no fields below it")
+        if key not in section.model_fields:
+            known = list(section.model_fields)
             raise DetsweepError(f"{path}: {where}: {key!r} is not a field of the trial config, expected one of "
-                                f"{', '.join(fields)}{hint}")
-        model = _model_of(fields[key].annotation)
-
-
-def _model_of(annotation: Any) -> Any:
-    import typing
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_of(arg)
-        if found is not None:
-            return found
-    return None
+                                f"{', '.join(known)}{did_you_mean(key, known)}")
 
 
 def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str) -> None:
