@@ -23,7 +23,7 @@ def test_every_shipped_sweep_validates(path):
     result = run_cli("validate", str(path), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["trials"] >= 1 and len(report["samples"]) == 5
+    assert report["trials"] >= 1 and len(report["samples"]) == min(5, report["trials"])
 
 
 def test_grid_trial_count_collapses_parameters_a_choice_does_not_use(write):
@@ -103,6 +103,62 @@ def test_bad_sweep_files_fail_in_one_line(write, search, expected):
     with pytest.raises(DetsweepError) as caught:
         load_sweep(path)
     assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.999]}}\n"
+
+
+@pytest.mark.parametrize("search, overrides, expected", [
+    ("  metric: eval/APP\n", [],
+     "search.metric: found 'eval/APP', expected a metric training reports: train/loss, train/box_loss, "),
+    ("  metric: eval/APP\n", [], "eval_ema/AR100, eval/AP_best (did you mean 'eval/AP'?)"),
+    ("  metric: eval_ema/AP\n", ["base.optimizer.use_moving_average=false"], "search.metric: found 'eval_ema/AP'"),
+    ("  scheduler: {type: asha, grace_period: 100}\n", ["base.train.num_steps=40"],
+     "search.scheduler.grace_period: found 100, expected fewer steps than base.train.num_steps (40): ASHA could never stop a trial"),
+    ("  scheduler: {type: asha, grace_period: 100, max_t: 80}\n", [],
+     "search.scheduler.grace_period: found 100, expected fewer steps than search.scheduler.max_t (80)"),
+    ("  scheduler: {type: asha, grace_period: 100}\n", ["base.train.eval_every=0"],
+     "base.train.eval_every: found 0, expected a report of eval/AP_best between ASHA's first rung (step 100) and "
+     "base.train.num_steps (600), or the scheduler can never act"),
+    ("  scheduler: {type: asha, grace_period: 100}\n", ["base.train.eval_every=600", "base.train.checkpoint_every=600"],
+     "base.train.eval_every: found 600, expected a report of eval/AP_best between ASHA's first rung (step 100)"),
+    ("  metric: train/loss\n  mode: min\n  scheduler: {type: asha, grace_period: 100}\n",
+     ["base.train.steps_per_loop=600", "base.train.eval_every=600", "base.train.checkpoint_every=600"],
+     "base.train.steps_per_loop: found 600, expected a report of train/loss between ASHA's first rung (step 100)"),
+    ("  scheduler:\n    type: pbt\n    perturbation_interval: 600\n" + MUTATIONS, [],
+     "search.scheduler.perturbation_interval: found 600, expected fewer steps than base.train.num_steps (600): "
+     "PBT would never perturb"),
+    ("  scheduler: {type: pbt, perturbation_interval: 100}\n", [],
+     "search.scheduler.mutations: found nothing, expected the paths PBT mutates"),
+    ("  scheduler:\n    type: pbt\n    perturbation_interval: 100\n" + MUTATIONS, ["base.train.checkpoint_every=0"],
+     "base.train.checkpoint_every: found 0, expected checkpoints for PBT to copy"),
+    ("  scheduler:\n    type: pbt\n    perturbation_interval: 100\n" + MUTATIONS,
+     ["base.train.eval_every=600", "base.train.checkpoint_every=600"],
+     "base.train.eval_every: found 600, expected a report of eval/AP_best between PBT's first perturbation (step 100)"),
+])
+def test_a_metric_or_scheduler_that_cannot_work_fails_in_one_line_before_anything_runs(write, search, overrides, expected):
+    path = sweep_file(write, search)
+    with pytest.raises(DetsweepError) as caught:
+        load_sweep(path, overrides)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_schedulers_that_can_act_are_accepted(write):
+    asha = load_sweep(sweep_file(write, "  scheduler: {type: asha, grace_period: 100}\n"), ["base.train.num_steps=300"])
+    pbt = load_sweep(sweep_file(write, "  scheduler:\n    type: pbt\n    perturbation_interval: 200\n" + MUTATIONS))
+    loss = load_sweep(sweep_file(write, "  metric: train/loss\n  mode: min\n  scheduler: {type: asha, grace_period: 20}\n"))
+    assert (asha.search.scheduler.type, pbt.search.scheduler.type, loss.search.metric) == ("asha", "pbt", "train/loss")
+
+
+def test_launch_with_a_misspelt_metric_exits_2_before_ray_or_mlflow_start(tmp_path):
+    result = run_cli("launch", str(REPO / "sweeps" / "quickstart.yaml"), "--set", "search.metric=eval/APP",
+                     "--set", f"storage={tmp_path / 'ray'}", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"detsweep: error: {REPO / 'sweeps' / 'quickstart.yaml'}: search.metric: found 'eval/APP', "
+                           "expected a metric training reports: train/loss, ")
+    assert line.endswith("(did you mean 'eval/AP'?)")
+    assert not (tmp_path / "ray").exists() and not (tmp_path / "mlflow.db").exists()
 
 
 def test_resources_no_node_can_satisfy(write):

@@ -14,6 +14,7 @@ from detsweep.data import load_dataset
 from detsweep.data.pipeline import decode_and_resize, to_tensors, training_dataset
 from detsweep.data.processing import InputSpec, in_original_image
 from detsweep.evaluation import evaluate_detections, to_coco_detections
+from detsweep.evaluation.metrics import reported_metrics
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage, build_optimizer
 from detsweep.startup import StartupClock
@@ -65,6 +66,7 @@ def test_loss_goes_down_and_every_loop_is_reported(tmp_path):
         assert key in recorder.reports[-1], key
     best = recorder.reports[-1]
     assert best["eval/AP_best"] == max(best["eval/AP"], best["eval_ema/AP"])
+    assert set(best) - {"step"} == set(reported_metrics(short_config()))  # what a sweep may rank by, exactly
     assert [p.name for p in recorder.checkpoints] == ["step_10", "step_20", "step_30"]
     # The first report says where the start-up time went (the loop marks the phases, the caller
     # adds them); no later one repeats it, and later loops did not move the first loop's mark.

@@ -48,18 +48,19 @@ def validation_report(sweep: Sweep, nodes: list[dict[str, float]], strict: bool 
     scaling = sweep.base.scaling
     cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
     rng = random.Random(sweep.search.seed)
+    trials = sweep.search.num_samples * max(1, len(grid))
     return {
         "name": sweep.name,
         "base": base,
         "space": {path: parameter.model_dump(exclude_none=True) for path, parameter in space.items()},
         "algorithm": sweep.search.algorithm,
         "scheduler": sweep.search.scheduler.type,
-        "trials": sweep.search.num_samples * max(1, len(grid)),
+        "trials": trials,
         "grid_points": len(grid),
         "resources_per_trial": {"workers": scaling.num_workers, "cpus_per_worker": scaling.cpus_per_worker,
                                 "gpus_per_worker": scaling.gpus_per_worker if scaling.use_gpu else 0},
         "trials_at_once": min(trials_at_once(sweep, cpus, gpus), sweep.search.max_concurrent_trials or 10**9),
-        "samples": [sample(sweep, rng, grid[i % len(grid)] if grid else {}) for i in range(samples)],
+        "samples": [sample(sweep, rng, grid[i % len(grid)] if grid else {}) for i in range(min(samples, trials))],
         "notes": notes,
     }
 

@@ -27,8 +27,9 @@ from detsweep.config.loader import (
     resolve_data_paths,
     set_path,
 )
-from detsweep.config.schema import Section, invalid
+from detsweep.config.schema import Section, TrainConfig, invalid
 from detsweep.errors import DetsweepError
+from detsweep.evaluation.metrics import reported_metrics
 
 from .space import Parameter
 
@@ -104,6 +105,7 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> Sweep:
     base = validate(TrialConfig, spec.base, source=f"{path}: base")
     _check_space(spec, path)
     _check_reports_carry_the_metric(base, path, spec.search.metric)
+    _check_the_scheduler_fits(spec.search, base.train, path)
     return Sweep(spec.name, path, spec.base, base, spec.search, spec.storage)
 
 
@@ -184,4 +186,40 @@ def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str) 
                             f"expected a multiple of base.train.eval_every ({train.eval_every}) in a sweep")
     if metric.startswith("eval") and not base.data.val:
         raise DetsweepError(f"{path}: base.data.val: found nothing, expected a validation set (the sweep's metric needs it)")
+    known = reported_metrics(base)
+    if metric not in known:
+        raise DetsweepError(f"{path}: search.metric: found {metric!r}, expected a metric training reports: "
+                            f"{', '.join(known)}{did_you_mean(metric, known)}")
 
+
+def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path) -> None:
+    """A scheduler that could never act on these trials is a mistake to say before they run."""
+    scheduler, steps = search.scheduler, train.num_steps
+    # Tune sees the metric at the reports that carry it: every evaluation, or every loop.
+    every = train.eval_every if search.metric.startswith("eval") else train.steps_per_loop
+    if scheduler.type == "asha":
+        bound, limit = ("search.scheduler.max_t", scheduler.max_t) if (scheduler.max_t or steps) < steps \
+            else ("base.train.num_steps", steps)
+        if scheduler.grace_period >= limit:
+            raise DetsweepError(f"{path}: search.scheduler.grace_period: found {scheduler.grace_period}, expected fewer "
+                                f"steps than {bound} ({limit}): ASHA could never stop a trial")
+        _check_seen_before_the_end(scheduler.grace_period, every, steps, search.metric, "ASHA's first rung", path)
+    if scheduler.type == "pbt":
+        if scheduler.perturbation_interval >= steps:
+            raise DetsweepError(f"{path}: search.scheduler.perturbation_interval: found {scheduler.perturbation_interval}, "
+                                f"expected fewer steps than base.train.num_steps ({steps}): PBT would never perturb")
+        if not scheduler.mutations:
+            raise DetsweepError(f"{path}: search.scheduler.mutations: found nothing, expected the paths PBT mutates")
+        if not train.checkpoint_every:
+            raise DetsweepError(f"{path}: base.train.checkpoint_every: found 0, expected checkpoints for PBT to copy")
+        _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, search.metric, "PBT's first perturbation",
+                                   path)
+
+
+def _check_seen_before_the_end(step: int, every: int, steps: int, metric: str, what: str, path: Path) -> None:
+    """The first report of ``metric`` at or after ``step`` comes before the last step."""
+    first = -(-step // every) * every if every else steps
+    if first >= steps:
+        field = "base.train.eval_every" if metric.startswith("eval") else "base.train.steps_per_loop"
+        raise DetsweepError(f"{path}: {field}: found {every}, expected a report of {metric} between {what} (step {step}) "
+                            f"and base.train.num_steps ({steps}), or the scheduler can never act")

@@ -1,0 +1,24 @@
+"""The names of the metrics a training reports, by its config: what a sweep may rank its
+trials by, or stop them on. ``train/loop.py`` and ``train/evaluate.py`` write them; a test
+holds this list to what a real training reports."""
+
+from __future__ import annotations
+
+from detsweep.config import TrialConfig
+
+from .coco import REPORTED
+
+# Every loop's (train/loop.py: loop_metrics).
+TRAINING = ("train/loss", "train/box_loss", "train/classification_loss", "train/lr", "train/images_per_sec")
+
+
+def reported_metrics(config: TrialConfig) -> list[str]:
+    """Every loop's metrics, then (with a val set) every evaluation's: the raw weights', the
+    moving average's when there is one, and ``eval/AP_best``, the better AP of the two."""
+    names = list(TRAINING)
+    if config.data.val is not None:
+        names += [f"eval/{name}" for name in REPORTED]
+        if config.optimizer.use_moving_average:
+            names += [f"eval_ema/{name}" for name in REPORTED]
+        names.append("eval/AP_best")
+    return names
