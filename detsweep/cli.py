@@ -399,6 +399,9 @@ def eval_command(args: argparse.Namespace) -> int:
             raise DetsweepError("--detections needs --annotations (the COCO ground truth)")
         metrics = score_files(args.detections, args.annotations)
     else:
+        from detsweep.checkpoints import check_checkpoint, read_config
+
+        read_config(check_checkpoint(args.checkpoint, "--checkpoint"), args.overrides)  # before TensorFlow loads
         from detsweep.train.evaluate import evaluate_checkpoint
 
         metrics = evaluate_checkpoint(args.checkpoint, args.overrides)

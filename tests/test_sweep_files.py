@@ -128,6 +128,8 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
     ("  scheduler:\n    type: pbt\n    perturbation_interval: 600\n" + MUTATIONS, [],
      "search.scheduler.perturbation_interval: found 600, expected fewer steps than base.train.num_steps (600): "
      "PBT would never perturb"),
+    ("  algorithm: optuna\n  scheduler:\n    type: pbt\n" + MUTATIONS, [],
+     "search.algorithm: found 'optuna', expected random or grid with scheduler pbt"),
     ("  scheduler: {type: pbt, perturbation_interval: 100}\n", [],
      "search.scheduler.mutations: found nothing, expected the paths PBT mutates"),
     ("  scheduler:\n    type: pbt\n    perturbation_interval: 100\n" + MUTATIONS, ["base.train.checkpoint_every=0"],

@@ -180,6 +180,10 @@ def test_eval_scores_a_coco_results_file(tmp_path):
     assert json.loads(result.stdout)["eval/AP"] == pytest.approx(1.0)
     bad = run_cli("eval", "--detections", str(tmp_path / "gt.json"), "--annotations", str(tmp_path / "gt.json"))
     assert bad.returncode == 2 and "expected a COCO results list" in bad.stderr
+    # a folder that is no checkpoint: its one line only, found before TensorFlow (and its log lines) load
+    nothing = run_cli("eval", "--checkpoint", str(tmp_path))
+    assert nothing.returncode == 2 and nothing.stderr.strip().splitlines() == [
+        f"detsweep: error: --checkpoint: {tmp_path} is not a detsweep checkpoint (expected config.yaml and ckpt.index in it)"]
 
 
 LINE = re.compile(r"step (\d+)/(\d+)\s+loss ([\d.]+)")

@@ -58,10 +58,12 @@ class SearchSpec(Section):
     space: dict[str, Parameter] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _grid_needs_a_grid_searcher(self) -> SearchSpec:
+    def _searcher_fits_the_space_and_scheduler(self) -> SearchSpec:
         has_grid = any(parameter.is_grid for parameter in self.space.values())
         if has_grid and self.algorithm == "optuna":
             raise invalid("algorithm", self.algorithm, "random or grid when the space has grid parameters")
+        if self.algorithm == "optuna" and self.scheduler.type == "pbt":
+            raise invalid("algorithm", self.algorithm, "random or grid with scheduler pbt (PBT chooses the next configurations itself)")
         if self.algorithm == "grid" and not has_grid:
             raise invalid("algorithm", self.algorithm, "a space with at least one grid parameter")
         for path in self.scheduler.mutations:
