@@ -115,8 +115,17 @@ def check_registered_model(client, report: dict, run, checkpoint: Path) -> None:
     scores = report["best"]["metrics"]
     averaged = scores.get("eval_ema/AP", -1.0) >= scores.get("eval/AP", -1.0)
     assert version.tags["moving_average"] == str(averaged).lower(), (version.tags, scores)
+    # the sweep's first registration under its name: the champion; its environment pinned here
+    assert str(client.get_model_version_by_alias(registered["name"], "champion").version) == str(registered["version"])
+    assert registered["champion"] == registered["version"]
+    assert (version.tags["metric"], float(version.tags["score"])) == (report["metric"], scores[report["metric"]])
     mlflow.set_tracking_uri(uri)
-    model = mlflow.pyfunc.load_model(f"models:/{registered['name']}/{registered['version']}")
+    model_uri = f"models:/{registered['name']}/{registered['version']}"
+    from importlib.metadata import version as installed
+
+    pinned = Path(mlflow.pyfunc.get_model_dependencies(model_uri)).read_text().splitlines()
+    assert {f"tensorflow=={installed('tensorflow')}", f"keras-hub=={installed('keras-hub')}"} <= set(pinned), pinned
+    model = mlflow.pyfunc.load_model(model_uri)
     detector = Detector.from_checkpoint(str(checkpoint), use_average=averaged)
     for example in load_dataset(read_config(checkpoint).data.val).examples[:2]:
         image = read_image(example)[None]

@@ -191,6 +191,7 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     head = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head and "RAY_AUTH_MODE=token" in head
     assert "mlflow server" in head and "--serve-artifacts" in head
+    assert "MLFLOW_DISABLE_TELEMETRY=true nohup mlflow server" in head  # no usage telemetry from a private cluster
     assert "RAY_AUTH_MODE=token" in " ".join(config["worker_start_ray_commands"])
     assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}  # training never on the head
     assert "~/.ray/auth_token" in config["file_mounts"].values()

@@ -282,3 +282,37 @@ def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_
     assert [(t["trial_id"], t["value"]) for t in by_loss["trials"]] == [("t_2", 0.2), ("t_1", 0.5)]
     table = run_cli("best", "quickstart", "--top", "1", cwd=tmp_path)
     assert table.returncode == 0 and "t_1" in table.stdout and "t_3" not in table.stdout, table.stdout
+
+
+def test_the_champion_alias_moves_only_to_a_version_that_scored_better(tmp_path):
+    """Sweeps registered under one name: the alias ``champion`` goes to a new version only when
+    it beats the champion on the same metric (in the sweep's mode); a tie keeps the champion."""
+    from mlflow import MlflowClient
+
+    from detsweep.export.registry import CHAMPION, crown_if_better
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.create_registered_model("sweep")
+
+    def register(score: float, metric: str = "eval/AP_best", mode: str = "max") -> str:
+        version = client.create_model_version("sweep", source=str(tmp_path),
+                                              tags={"metric": metric, "mode": mode, "score": repr(score)})
+        return crown_if_better(client, "sweep", version.version, metric, mode, score)
+
+    assert register(0.30) == "1"
+    assert register(0.20) == "1" and register(0.30) == "1"  # worse, then a tie: the champion stays
+    assert register(0.40) == "4" and str(client.get_model_version_by_alias("sweep", CHAMPION).version) == "4"
+    assert register(0.9, "train/loss", "min") == "5"  # scored on another metric: no comparison, the newer wins
+    assert register(1.2, "train/loss", "min") == "5" and register(0.5, "train/loss", "min") == "7"
+    assert str(client.get_model_version_by_alias("sweep", CHAMPION).version) == "7"
+
+
+def test_trials_on_any_node_get_the_credentials_and_the_telemetry_choice_only(monkeypatch):
+    from detsweep.tracking.backend import trial_environment
+
+    for name, value in {"MLFLOW_TRACKING_USERNAME": "ann", "MLFLOW_TRACKING_PASSWORD": "s3cret", "DO_NOT_TRACK": "true",
+                        "MLFLOW_DISABLE_TELEMETRY": "true", "AWS_SECRET_ACCESS_KEY": "not for trials"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+    assert trial_environment() == {"MLFLOW_TRACKING_USERNAME": "ann", "MLFLOW_TRACKING_PASSWORD": "s3cret",
+                                   "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}

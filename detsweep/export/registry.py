@@ -1,5 +1,7 @@
 """The best trial's model in the MLflow registry: a pyfunc model around detsweep's
-:class:`~detsweep.export.detector.Detector`, with its checkpoint as the artifact."""
+:class:`~detsweep.export.detector.Detector`, with its checkpoint as the artifact, its
+environment pinned to the versions it was trained with. The best version of all the sweeps
+registered under one name carries the alias ``champion`` (MLflow's successor to stages)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,22 @@ import detsweep
 from detsweep.tracking.trial_run import RunLink
 
 MODEL_NAME = "model"
-REQUIREMENTS = ["tensorflow", "keras-hub", "pycocotools", "pyyaml", "pydantic", "numpy"]
+CHAMPION = "champion"
+# What the model's code imports when it is served; pinned to this environment's versions.
+PACKAGES = ["tensorflow", "keras", "keras-hub", "pycocotools", "pyyaml", "pydantic", "numpy"]
+
+
+def requirements() -> list[str]:
+    """``name==version`` for every package the served model needs, as installed here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pinned = []
+    for name in PACKAGES:
+        try:
+            pinned.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:  # installed under another distribution name (tensorflow-cpu, say)
+            pinned.append(name)
+    return pinned
 
 
 class DetectorModel(mlflow.pyfunc.PythonModel):
@@ -46,9 +63,10 @@ def signature():
     )
 
 
-def register_best(link: RunLink, name: str, best: dict[str, Any]) -> dict[str, Any]:
+def register_best(link: RunLink, name: str, best: dict[str, Any], metric: str, mode: str) -> dict[str, Any]:
     """Log the best trial's checkpoint as a model in its own run (``best["mlflow_run_id"]``)
-    and register it under ``name``; the averaged weights when they scored better."""
+    and register it under ``name``, the averaged weights when they scored better; the new
+    version becomes the ``champion`` unless the champion scored better on ``metric``."""
     run_id = best["mlflow_run_id"]
     use_average = best["metrics"].get("eval_ema/AP", -1.0) >= best["metrics"].get("eval/AP", -1.0)
     mlflow.set_tracking_uri(link.uri)
@@ -59,10 +77,31 @@ def register_best(link: RunLink, name: str, best: dict[str, Any]) -> dict[str, A
         info = mlflow.pyfunc.log_model(
             name=MODEL_NAME, python_model=DetectorModel(), artifacts={"checkpoint": best["checkpoint"]},
             model_config={"use_moving_average": use_average}, signature=signature(), code_paths=[package],
-            pip_requirements=REQUIREMENTS,
+            pip_requirements=requirements(),
         )
     finally:
         mlflow.end_run(status)  # the trial's own end (FINISHED, or KILLED if cut short) stays
-    version = mlflow.register_model(info.model_uri, name, tags={"source_run_id": run_id,
-                                                                 "moving_average": str(use_average).lower()})
-    return {"name": name, "version": int(version.version), "model_uri": info.model_uri}
+    score = float(best["metrics"][metric])
+    version = mlflow.register_model(info.model_uri, name, tags={
+        "source_run_id": run_id, "moving_average": str(use_average).lower(), "metric": metric, "mode": mode,
+        "score": repr(score)})
+    champion = crown_if_better(mlflow.MlflowClient(link.uri), name, version.version, metric, mode, score)
+    return {"name": name, "version": int(version.version), "model_uri": info.model_uri, "champion": int(champion)}
+
+
+def crown_if_better(client, name: str, version: str, metric: str, mode: str, score: float) -> str:
+    """Point the alias ``champion`` at ``version`` unless the version it points at scored better
+    on the same ``metric`` (a tie keeps it; a champion scored on another metric cannot be
+    compared and gives way). Returns the champion's version."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        current = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:  # no champion yet
+        current = None
+    if current is not None and current.tags.get("metric") == metric and "score" in current.tags:
+        theirs = float(current.tags["score"])
+        if (theirs >= score) if mode == "max" else (theirs <= score):
+            return str(current.version)
+    client.set_registered_model_alias(name, CHAMPION, str(version))
+    return str(version)

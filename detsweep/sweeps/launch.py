@@ -158,8 +158,10 @@ def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
     best = report["best"]
     registered = None
     if register and best and best["checkpoint"] and best["mlflow_run_id"]:
-        registered = register_best(link, sweep.name, best)
-        print(f"MLflow: registered {registered['name']} version {registered['version']}", flush=True)
+        registered = register_best(link, sweep.name, best, sweep.search.metric, sweep.search.mode)
+        crowned = "the champion" if registered["champion"] == registered["version"] else \
+            f"version {registered['champion']} stays the champion (it scored better)"
+        print(f"MLflow: registered {registered['name']} version {registered['version']}, {crowned}", flush=True)
     report["mlflow"] = {"tracking_uri": link.uri, "experiment_id": link.experiment_id,
                         "parent_run_id": link.parent_run_id, "registered_model": registered}
     return report

@@ -97,6 +97,12 @@ def ui_command_line(backend: Backend, port: int) -> list[str]:
     return command
 
 
+# MLflow's anonymous usage telemetry is off where either is set ("true"); a trial on another
+# node logs too, so the choice travels with it (clusters are often private).
+NO_TELEMETRY = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
+
+
 def trial_environment() -> dict[str, str]:
-    """What a trial process on any node needs to reach the server: the credentials, if set."""
-    return {name: os.environ[name] for name in CREDENTIALS if os.environ.get(name)}
+    """What a trial process on any node needs from this one: the server's credentials, and the
+    telemetry choice, if set."""
+    return {name: os.environ[name] for name in (*CREDENTIALS, *NO_TELEMETRY) if os.environ.get(name)}
