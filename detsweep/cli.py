@@ -382,6 +382,9 @@ def format_trials(report: dict[str, Any], metric: str) -> str:
                          if key != metric and isinstance(best["metrics"].get(key), (int, float)))
         lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}" + (f" ({also})" if also else ""),
                   f"  config: {best['config']}", f"  checkpoint: {best['checkpoint']}"]
+    cost = report["cost"]
+    lines.append(f"cost: {cost['cost/cpu_hours']:.3g} CPU-hours, {cost['cost/gpu_hours']:.3g} GPU-hours "
+                 "(what the trials' workers held while they ran)")
     lines.append(f"results: {report['path']}")
     unfinished = [t for t in report["trials"] if not TrialStatus(t["status"]).finished]
     if unfinished:

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .conftest import REPO
+
 
 def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = False, registered: bool = True,
                       eval_every: int | None = None) -> dict:
@@ -43,9 +45,15 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
     runs = client.search_runs([info["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     children = {run.data.tags["detsweep.trial_id"]: run for run in runs}
     assert len(children) == len(runs) == len(report["trials"])  # one run per trial, never two
+    # what each trial cost (its workers' CPUs for as long as Tune ran it) on its run, their sum on the sweep's
+    assert sum(t["cost"]["cost/cpu_hours"] for t in report["trials"]) == pytest.approx(report["cost"]["cost/cpu_hours"])
+    assert parent.data.metrics["cost/cpu_hours"] == pytest.approx(report["cost"]["cost/cpu_hours"])
     for trial in report["trials"]:
         run = children[trial["trial_id"]]
         assert run.info.run_id == trial["mlflow_run_id"] and run.info.run_name == f"trial_{trial['trial_id']}"
+        if trial["metrics"].get("step"):  # it ran: Tune timed it
+            assert 0 < run.data.metrics["cost/cpu_hours"] == pytest.approx(trial["cost"]["cost/cpu_hours"]) < 1
+        assert run.data.metrics["cost/gpu_hours"] == 0.0  # no GPU here
         assert run.data.params["train.num_steps"] == str(num_steps)
         if not pbt:
             for path, value in trial["config"].items():
@@ -135,12 +143,33 @@ def check_registered_model(client, report: dict, run, checkpoint: Path) -> None:
             np.testing.assert_allclose(served[key], expected[key], atol=1e-4, err_msg=key)
 
 
-def write_auth_config(tmp_path: Path) -> Path:
-    """The basic-auth app's users database goes into the test's folder, not the working directory."""
-    path = tmp_path / "basic_auth.ini"
-    path.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{tmp_path / 'basic_auth.db'}\n"
-                    "admin_username = admin\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    return path
+@contextlib.contextmanager
+def cluster_mlflow_server(tmp_path: Path, secret: dict[str, str]) -> Iterator[str]:
+    """The tracking server as ``ray_cluster.yaml`` starts it on the head: its command line, read
+    from the file, with the head's folders moved under ``tmp_path``, ``secret`` as the
+    credentials file and a free port. Returns once the command did (the server answers and
+    detsweep's user exists); the server is stopped at the end."""
+    import yaml
+
+    [command] = [c for c in yaml.safe_load((REPO / "ray_cluster.yaml").read_text())["head_start_ray_commands"]
+                 if "mlflow_server.sh" in c]
+    secret_file = tmp_path / "mlflow.env"
+    secret_file.write_text("".join(f"{name}={value}\n" for name, value in secret.items()))
+    secret_file.chmod(0o600)
+    port = free_port()
+    command = (command.replace("/home/ray/detsweep", str(REPO)).replace("/home/ray/.detsweep/mlflow.env", str(secret_file))
+               .replace("/home/ray/mlflow", str(tmp_path / "head-mlflow")).replace(" 5000", f" {port}"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    started = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env=env)
+    try:
+        said, _ = started.communicate(timeout=180)
+        assert started.returncode == 0, said
+        assert said.strip().endswith(f"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: created"), said
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(started.pid, signal.SIGTERM)  # the server, left running in the command's group
 
 
 def assert_no_secret(report: dict, secret: str, tmp_path: Path) -> None:
@@ -164,19 +193,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mlflow_server(tmp_path: Path, admin_password: str | None = None, port: int | None = None) -> Iterator[str]:
-    """A real tracking server on localhost: sqlite backend, artifacts proxied (``--serve-artifacts``);
-    with ``admin_password``, MLflow's basic-auth app with that password for ``admin``. Started
-    again with the same ``tmp_path`` and ``port``, it serves the same runs. Without ``port``, a
-    free one; if another process takes it before the server binds it, the next one."""
-    env = dict(os.environ)
-    extra = []
-    if admin_password:
-        extra = ["--app-name", "basic-auth"]
-        env.update(MLFLOW_AUTH_ADMIN_PASSWORD=admin_password, MLFLOW_FLASK_SERVER_SECRET_KEY="detsweep-tests",
-                   MLFLOW_AUTH_CONFIG_PATH=str(write_auth_config(tmp_path)))
+def mlflow_server(tmp_path: Path, port: int | None = None) -> Iterator[str]:
+    """A real tracking server on localhost: sqlite backend, artifacts proxied (``--serve-artifacts``).
+    Started again with the same ``tmp_path`` and ``port``, it serves the same runs. Without
+    ``port``, a free one; if another process takes it before the server binds it, the next one."""
     for _attempt in range(1 if port else 3):
-        server, uri = _start_server(tmp_path, port or free_port(), extra, env)
+        server, uri = _start_server(tmp_path, port or free_port(), [], dict(os.environ))
         if server is not None:
             break
     else:

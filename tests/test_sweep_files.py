@@ -190,8 +190,16 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     assert all(r["CidrIp"] != "0.0.0.0/0" for rule in public for r in rule["IpRanges"])
     head = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head and "RAY_AUTH_MODE=token" in head
-    assert "mlflow server" in head and "--serve-artifacts" in head
-    assert "MLFLOW_DISABLE_TELEMETRY=true nohup mlflow server" in head  # no usage telemetry from a private cluster
+    # MLflow behind basic auth, started by the repository's script (tests/mlflow_checks.py runs
+    # this very command line); detsweep's credentials, never the admin's, reach every raylet
+    assert "bash /home/ray/detsweep/cluster/mlflow_server.sh /home/ray/mlflow /home/ray/.detsweep/mlflow.env 5000" in head
+    server = (REPO / "cluster" / "mlflow_server.sh").read_text()
+    assert "--app-name basic-auth" in server and "--serve-artifacts" in server
+    assert "MLFLOW_DISABLE_TELEMETRY=true nohup mlflow server" in server  # no usage telemetry from a private cluster
+    assert config["file_mounts"]["/home/ray/.detsweep/mlflow.env"] == "~/.detsweep/mlflow.env"
+    for commands in (config["head_start_ray_commands"], config["worker_start_ray_commands"]):
+        [starts_ray] = [c for c in commands if "ray start" in c]
+        assert "export $(grep -E '^MLFLOW_TRACKING_(USERNAME|PASSWORD)=' /home/ray/.detsweep/mlflow.env | xargs)" in starts_ray
     assert "RAY_AUTH_MODE=token" in " ".join(config["worker_start_ray_commands"])
     assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}  # training never on the head
     assert "~/.ray/auth_token" in config["file_mounts"].values()

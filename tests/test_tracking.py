@@ -237,13 +237,16 @@ def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_
     stopped = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
     stopped.log_report({"step": 5, "train/loss": 2.0})
     stopped.close()  # killed before its checkpoint was written
+    cost = {"cost/cpu_hours": 0.25, "cost/gpu_hours": 0.0}
     trial = {"trial_id": "t_00001", "status": "STOPPED", "metrics": {"step": 5, "eval/AP_best": 0.1}, "config": {},
-             "checkpoint": str(checkpoint_dir(tmp_path, 5)), "error": None}
-    close_sweep_run(link, {"metric": "eval/AP_best", "trials": [trial], "best": trial}, [])
+             "checkpoint": str(checkpoint_dir(tmp_path, 5)), "error": None, "cost": cost}
+    close_sweep_run(link, {"metric": "eval/AP_best", "trials": [trial], "best": trial, "cost": cost}, [])
 
     client = MlflowClient(backend.uri)
     run = client.get_run(stopped.run_id)
     assert run.info.status == "KILLED" and run.data.tags["detsweep.checkpoint.best_step"] == "5"
+    assert {k: run.data.metrics[k] for k in cost} == cost  # the driver writes what the trial cost
+    assert {k: client.get_run(link.parent_run_id).data.metrics[k] for k in cost} == cost
     assert {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/best")} == {"checkpoints/best/meta.json"}
 
 
@@ -316,3 +319,12 @@ def test_trials_on_any_node_get_the_credentials_and_the_telemetry_choice_only(mo
     monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
     assert trial_environment() == {"MLFLOW_TRACKING_USERNAME": "ann", "MLFLOW_TRACKING_PASSWORD": "s3cret",
                                    "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def test_a_trials_cost_is_what_its_workers_held_for_as_long_as_it_ran():
+    from detsweep.config import ScalingConfig
+    from detsweep.sweeps.experiment import trial_cost
+
+    assert trial_cost(1800, ScalingConfig(num_workers=2, cpus_per_worker=4)) == {"cost/cpu_hours": 4.0, "cost/gpu_hours": 0.0}
+    gpus = ScalingConfig(num_workers=4, cpus_per_worker=8, use_gpu=True, gpus_per_worker=1)
+    assert trial_cost(900, gpus) == {"cost/cpu_hours": 8.0, "cost/gpu_hours": 1.0}

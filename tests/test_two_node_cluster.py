@@ -15,7 +15,7 @@ from typing import NamedTuple
 import pytest
 
 from .conftest import REPO, run_bounded, run_cli
-from .mlflow_checks import assert_no_secret, check_mlflow_runs, free_port, mlflow_server
+from .mlflow_checks import assert_no_secret, check_mlflow_runs, cluster_mlflow_server, free_port
 from .test_sweep_runs import launch_json, lr_of, results_of, tiny_sweep
 
 LR_PATH = "optimizer.learning_rate.learning_rate_base"
@@ -57,10 +57,14 @@ def test_validate_sizes_a_sweep_for_the_cluster_at_address_not_for_this_machine(
     assert run_cli("validate", str(sized), "--set", "base.scaling.cpus_per_worker=2").returncode == 0  # fits here
 
 
-def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_a_basic_auth_server(cluster, tmp_path, monkeypatch):
-    """A seeded TPE search; the tracking server's credentials reach the trials on both nodes
-    through the environment, and are written nowhere."""
+def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_the_cluster_files_tracking_server(
+        cluster, tmp_path, monkeypatch):
+    """A seeded TPE search, logged to the tracking server started as ``ray_cluster.yaml`` starts
+    it (basic auth, detsweep's user made from the secret file): nobody gets in without
+    credentials; detsweep's reach the trials on both nodes through the environment, and are
+    written nowhere."""
     import optuna
+    import requests
 
     sweep = tiny_sweep(tmp_path, f"""
   metric: train/loss
@@ -71,9 +75,13 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_a_basic_auth_
   space:
     {LR_PATH}: {{distribution: log_uniform_values, min: 0.001, max: 0.02}}
 """, num_steps=10)
-    password = "S3cret-for-detsweep-tests"
-    with mlflow_server(tmp_path, admin_password=password) as uri:
-        wrong = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}
+    password, admin_password = "S3cret-for-detsweep-tests", "Adm1n-for-detsweep-tests"
+    secret = {"MLFLOW_AUTH_ADMIN_PASSWORD": admin_password, "MLFLOW_FLASK_SERVER_SECRET_KEY": "detsweep-tests-key",
+              "MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": password}
+    with cluster_mlflow_server(tmp_path, secret) as uri:
+        anonymous = requests.get(f"{uri}/api/2.0/mlflow/experiments/search", params={"max_results": 1}, timeout=30)
+        assert anonymous.status_code == 401, anonymous.text[:300]
+        wrong = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": "wrong"}
         refused = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=wrong)
         assert refused.returncode == 2 and refused.stderr.strip() == (
             f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} refused the credentials in "
@@ -90,7 +98,8 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_a_basic_auth_
         assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes
         assert report["mlflow"]["tracking_uri"] == uri
         check_mlflow_runs(report, num_steps=10, every=5)  # logged from both nodes, the best model registered
-        assert_no_secret(report, password, tmp_path)
+        for secret_value in (password, admin_password):
+            assert_no_secret(report, secret_value, tmp_path)
     assert not (tmp_path / "mlflow.db").exists()  # everything went through the server
     # TPE starts with its seeded random sampler: the two trials get its first two draws.
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3))

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from detsweep.config import ScalingConfig
 from detsweep.errors import DetsweepError, failure_reason
 from detsweep.tracking.sweep_run import TrialStatus
 from detsweep.trainables.trial import swept_values
@@ -99,6 +100,16 @@ class TrialOutcome:
     config: dict[str, Any]  # the swept values, by dotted path
     checkpoint: str | None  # the trial's best checkpoint by the sweep's metric
     error: str | None
+    cost: dict[str, float]  # cost/cpu_hours, cost/gpu_hours: what its workers held, for as long as it ran
+
+
+def trial_cost(seconds: float, scaling: ScalingConfig) -> dict[str, float]:
+    """A trial's Ray Train workers' CPUs and GPUs, held for ``seconds`` (Tune's ``time_total_s``:
+    the time it ran, up to its last report), in hours of each."""
+    hours = seconds / 3600
+    gpus = scaling.gpus_per_worker if scaling.use_gpu else 0.0
+    return {"cost/cpu_hours": scaling.num_workers * scaling.cpus_per_worker * hours,
+            "cost/gpu_hours": scaling.num_workers * gpus * hours}
 
 
 def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
@@ -114,6 +125,7 @@ def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
             trial.trial_id, _status(trial.status, metrics, sweep), metrics,
             swept_values(trial.config, paths), _best_checkpoint(result, sweep),
             failure_reason(trial.get_error()) if trial.status == TrialStatus.ERROR else None,
+            trial_cost(float((trial.last_result or {}).get("time_total_s", 0.0)), sweep.base.scaling),
         ))
     sign = -1 if sweep.search.mode == "max" else 1
 

@@ -176,5 +176,6 @@ def status(name_or_path: str) -> dict[str, Any]:
 def summary(path: str, sweep: Sweep) -> dict[str, Any]:
     trials = [asdict(row) for row in read_outcomes(path, sweep)]
     finished = [row for row in trials if row["status"] in (TrialStatus.TERMINATED, TrialStatus.STOPPED)]
+    cost = {key: sum(trial["cost"][key] for trial in trials) for key in ("cost/cpu_hours", "cost/gpu_hours")}
     return {"name": sweep.name, "path": path, "metric": sweep.search.metric,
-            "trials": trials, "best": finished[0] if finished else None}
+            "trials": trials, "best": finished[0] if finished else None, "cost": cost}

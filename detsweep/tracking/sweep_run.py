@@ -125,6 +125,7 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str]) -> 
     """Mirror every trial's end onto its run, then log the sweep's results on the parent:
     ``best/*`` metrics, ``trials.csv`` and ``sweep.png``. Returns ``{trial_id: run_id}``."""
     from mlflow import MlflowClient
+    from mlflow.entities import Metric
 
     client = MlflowClient(link.uri)
     runs = trial_runs(client, link)
@@ -135,12 +136,12 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str]) -> 
     best = report.get("best")
     if best:
         values = {f"best/{k}": float(v) for k, v in best["metrics"].items() if isinstance(v, (int, float))}
-        from mlflow.entities import Metric
-
         client.log_batch(link.parent_run_id, metrics=[Metric(k, v, 0, 0) for k, v in values.items()])
         client.set_tag(link.parent_run_id, "detsweep.best_trial", best["trial_id"])
         if best["trial_id"] in runs:
             client.set_tag(link.parent_run_id, "detsweep.best_run_id", runs[best["trial_id"]].info.run_id)
+    # What the sweep cost: each trial's on its run, their sum on the sweep's.
+    client.log_batch(link.parent_run_id, metrics=[Metric(k, v, 0, 0) for k, v in report["cost"].items()])
     run_ids = {trial_id: run.info.run_id for trial_id, run in runs.items()}
     client.log_text(link.parent_run_id, trials_csv(report, paths, run_ids), "trials.csv")
     client.log_figure(link.parent_run_id, sweep_figure(client, report, paths, run_ids), "sweep.png")
@@ -151,8 +152,12 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str]) -> 
 
 
 def end_trial_run(client, run, trial: dict[str, Any]) -> None:
+    from mlflow.entities import Metric
+
     status = RUN_STATUS.get(trial["status"], "KILLED")  # PENDING/RUNNING: cut by the time budget
     run_id = run.info.run_id
+    step = int(trial["metrics"].get("step", 0))
+    client.log_batch(run_id, metrics=[Metric(k, v, 0, step) for k, v in trial["cost"].items()])
     if BEST_STEP_TAG not in run.data.tags and trial.get("checkpoint"):
         upload_best_checkpoint(client, run_id, trial["checkpoint"])
     if status == "KILLED":
@@ -178,11 +183,12 @@ def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]
     metric = report["metric"]
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["trial_id", "status", "step", metric, *paths, "mlflow_run_id", "checkpoint", "error"])
+    writer.writerow(["trial_id", "status", "step", metric, *paths, "cpu_hours", "gpu_hours", "mlflow_run_id",
+                     "checkpoint", "error"])
     for trial in report["trials"]:
         writer.writerow([trial["trial_id"], trial["status"], trial["metrics"].get("step", ""),
                          trial["metrics"].get(metric, ""), *(trial["config"].get(p, "") for p in paths),
-                         run_ids.get(trial["trial_id"], ""), trial["checkpoint"] or "", trial["error"] or ""])
+                         f"{trial['cost']['cost/cpu_hours']:.4g}", f"{trial['cost']['cost/gpu_hours']:.4g}", run_ids.get(trial["trial_id"], ""), trial["checkpoint"] or "", trial["error"] or ""])
     return out.getvalue()
 
 
