@@ -54,6 +54,8 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
         if trial["metrics"].get("step"):  # it ran: Tune timed it
             assert 0 < run.data.metrics["cost/cpu_hours"] == pytest.approx(trial["cost"]["cost/cpu_hours"]) < 1
         assert run.data.metrics["cost/gpu_hours"] == 0.0  # no GPU here
+        contexts = {i.tags[0].value for i in run.inputs.dataset_inputs}  # the runs table's Dataset column
+        assert contexts == {"training", "validation"}, contexts
         assert run.data.params["train.num_steps"] == str(num_steps)
         if not pbt:
             for path, value in trial["config"].items():

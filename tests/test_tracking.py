@@ -17,7 +17,7 @@ from detsweep.errors import DetsweepError
 from detsweep.tracking import TrialRun, open_sweep_run, resolve_backend
 from detsweep.tracking.writer import RetryingWriter
 
-from .conftest import REPO, run_cli
+from .conftest import RACCOON, REPO, run_cli
 from .mlflow_checks import free_port
 
 QUICKSTART_SWEEP = REPO / "sweeps" / "quickstart.yaml"
@@ -328,3 +328,33 @@ def test_a_trials_cost_is_what_its_workers_held_for_as_long_as_it_ran():
     assert trial_cost(1800, ScalingConfig(num_workers=2, cpus_per_worker=4)) == {"cost/cpu_hours": 4.0, "cost/gpu_hours": 0.0}
     gpus = ScalingConfig(num_workers=4, cpus_per_worker=8, use_gpu=True, gpus_per_worker=1)
     assert trial_cost(900, gpus) == {"cost/cpu_hours": 8.0, "cost/gpu_hours": 1.0}
+
+
+def test_a_trials_datasets_are_its_runs_inputs_with_a_digest_that_follows_the_data(tmp_path):
+    from mlflow import MlflowClient
+
+    from detsweep.config import DatasetConfig
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+    from detsweep.tracking.datasets import describe
+
+    voc = DatasetConfig(format="voc", annotations=str(RACCOON / "annotations"), images=str(RACCOON / "images"))
+    raccoon = describe(voc)
+    assert raccoon.name == "annotations" and json.loads(raccoon.source) == {"uri": str(RACCOON / "annotations")}
+    assert describe(voc).digest == raccoon.digest != describe(voc.model_copy(update={"subset": (0, 40)})).digest
+    copy = tmp_path / "annotations"
+    shutil.copytree(RACCOON / "annotations", copy)
+    moved = voc.model_copy(update={"annotations": str(copy)})
+    before = describe(moved).digest
+    (copy / "raccoon-2.xml").write_text((copy / "raccoon-2.xml").read_text() + "\n")  # one file a byte longer
+    assert describe(moved).digest != before
+
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
+    run = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
+    run.close()
+    inputs = MlflowClient(backend.uri).get_run(run.run_id).inputs.dataset_inputs
+    assert {(i.dataset.name, i.tags[0].key, i.tags[0].value) for i in inputs} == {
+        ("synthetic-3c-128px-seed1", "mlflow.data.context", "training"),
+        ("synthetic-3c-128px-seed2", "mlflow.data.context", "validation")}

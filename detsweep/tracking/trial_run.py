@@ -26,6 +26,7 @@ from detsweep.config import TrialConfig
 from detsweep.evaluation.pictures import PICTURE_KEY, SCHEDULE_PICTURE_KEY
 from detsweep.startup import once_per_start
 
+from .datasets import dataset_inputs
 from .writer import RetryingWriter
 
 TRIAL_TAG = "detsweep.trial_id"
@@ -121,6 +122,7 @@ class TrialRun:
             self.client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_CALL])
         self.client.log_text(self.run_id, yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
                              "config.yaml")
+        self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
 
     def log_dict(self, value: dict[str, Any], name: str) -> None:
         """A JSON artifact (``warm_start.json``: what a fine-tune restored)."""
