@@ -20,11 +20,12 @@ from .conftest import REPO
 
 
 def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = False, registered: bool = True,
-                      eval_every: int | None = None) -> dict:
+                      eval_every: int | None = None, system_metrics: bool = False) -> dict:
     """One parent run and one child run per started trial, as ``report`` (launch --json) says;
     returns the child runs by trial id. ``every``: steps per report; ``eval_every``: per
     evaluation (default: ``every``). Under ``pbt`` a trial's config and step can jump.
-    ``registered``: the sweep registered its best model (else it ran with --no-register)."""
+    ``registered``: the sweep registered its best model (else it ran with --no-register);
+    ``system_metrics``: every trial that trained logged its node's (sampled often enough to)."""
     from mlflow import MlflowClient
 
     info = report["mlflow"]
@@ -52,10 +53,15 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
         run = children[trial["trial_id"]]
         assert run.info.run_id == trial["mlflow_run_id"] and run.info.run_name == f"trial_{trial['trial_id']}"
         if trial["metrics"].get("step"):  # it ran: Tune timed it
-            assert 0 < run.data.metrics["cost/cpu_hours"] == pytest.approx(trial["cost"]["cost/cpu_hours"]) < 1
+            held = run.data.metrics["cost/cpu_hours"]
+            assert held == pytest.approx(trial["cost"]["cost/cpu_hours"]) and 0 < held < 1, (held, trial["cost"])
         assert run.data.metrics["cost/gpu_hours"] == 0.0  # no GPU here
         contexts = {i.tags[0].value for i in run.inputs.dataset_inputs}  # the runs table's Dataset column
         assert contexts == {"training", "validation"}, contexts
+        if system_metrics and trial["metrics"].get("step"):  # MLflow's, from the node its worker ran on
+            usage = client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+            assert usage and all(0 <= m.value <= 100 for m in usage), usage
+            assert run.data.metrics["system/system_memory_usage_megabytes"] > 0
         assert run.data.params["train.num_steps"] == str(num_steps)
         if not pbt:
             for path, value in trial["config"].items():

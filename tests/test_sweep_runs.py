@@ -83,7 +83,8 @@ def asha_sweep(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProces
   space:
     optimizer.learning_rate.learning_rate_base: {grid: [0.02, 0.01, 1.0e+12, 0.0001, 0.00003]}
 """)
-    result, report = launch_json(str(sweep), cwd=tmp_path)
+    # MLflow's system metrics every second: trials this short end before its default 10 s
+    result, report = launch_json(str(sweep), cwd=tmp_path, env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"})
     return tmp_path, sweep, result, report
 
 
@@ -124,7 +125,7 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(ash
 
     # MLflow, embedded default: mlflow.db and mlartifacts/ in the working directory
     assert report["mlflow"]["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
-    children = check_mlflow_runs(report, num_steps=20, every=5)
+    children = check_mlflow_runs(report, num_steps=20, every=5, system_metrics=True)
     for trial in report["trials"]:
         run = children[trial["trial_id"]]
         expected = {"TERMINATED": "FINISHED", "STOPPED": "KILLED", "ERROR": "FAILED"}[trial["status"]]

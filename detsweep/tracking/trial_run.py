@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class TrialRun:
         self.tags = {TRIAL_TAG: trial_id, ROLE_TAG: "trial"} | ({PARENT_TAG: link.parent_run_id} if link.parent_run_id else {})
         self.tags |= tags or {}
         self.run_id: str | None = None
+        self.opened = threading.Event()  # run_id is known
         self.last_step = -1
         self.replayed = ReplayedSteps()
         self.carried: dict[str, float] = {}  # a dropped step's once-per-start metrics, for the next step logged
@@ -114,15 +116,22 @@ class TrialRun:
             self.worker_failures = int(failures.split(":")[0]) if failures else 0
             best = run.data.tags.get("detsweep.best_value")
             self.best = float(best) if best is not None else None
+            self.opened.set()
             return
         run = self.client.create_run(self.link.experiment_id, run_name=self.trial_name, tags=self.tags)
         self.run_id = run.info.run_id
+        self.opened.set()
         params = [Param(k, v) for k, v in flatten(self.config.model_dump(mode="json")).items()]
         for start in range(0, len(params), MAX_PARAMS_PER_CALL):
             self.client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_CALL])
         self.client.log_text(self.run_id, yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
                              "config.yaml")
         self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
+
+    def system_metrics_target(self, timeout_s: float = 10.0) -> dict[str, str] | None:
+        """Where the trial's workers log MLflow's system metrics: this run, once it is open;
+        None when it is not open within ``timeout_s`` (training does not wait for MLflow)."""
+        return {"run_id": self.run_id, "uri": self.link.uri} if self.opened.wait(timeout_s) else None
 
     def log_dict(self, value: dict[str, Any], name: str) -> None:
         """A JSON artifact (``warm_start.json``: what a fine-tune restored)."""

@@ -67,19 +67,20 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
 def make_trainer(config: TrialConfig, name: str, reports: Queue, storage_path: str | None = None,
                  restore_from: str | None = None, pictures: bool = False,
                  startup: StartupClock | None = None, callbacks: Sequence = (),
-                 settled: Queue | None = None) -> DataParallelTrainer:
+                 settled: Queue | None = None, system_metrics: dict[str, str] | None = None) -> DataParallelTrainer:
     """``reports``: the queue this process reads the run's reports from (:mod:`.channel`);
     ``settled``: where it says it passed an evaluated step on (``train.evaluation: async``);
     ``restore_from``: a checkpoint to start from when Ray Train has none of its own yet;
     ``pictures``: rank 0 draws its detections at every evaluation; ``startup``: the run's clock,
-    started when the run was asked for; ``callbacks``: more of Ray Train's, in its controller.
+    started when the run was asked for; ``callbacks``: more of Ray Train's, in its controller;
+    ``system_metrics``: the MLflow run each node's first worker logs the node's system metrics to.
 
     Ray Train's ``TensorflowTrainer`` is this ``DataParallelTrainer`` with Ray's TF_CONFIG
     backend; :class:`TensorflowWorkers` does the same without importing TensorFlow here."""
     startup = startup or StartupClock()
     startup.mark("trainer")
     loop_config = {"trial": config.model_dump(mode="json"), "reports": reports, "restore_from": restore_from,
-                   "pictures": pictures, "startup": startup.to_dict()}
+                   "pictures": pictures, "startup": startup.to_dict(), "system_metrics": system_metrics}
     return DataParallelTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
@@ -140,15 +141,17 @@ Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]
 
 def stream_training(config: TrialConfig, name: str, storage_path: str | None, on_report: Handler,
                     restore_from: str | None = None, pictures: bool = False,
-                    startup: StartupClock | None = None, notes: RunNotes = NO_NOTES) -> str | None:
+                    startup: StartupClock | None = None, notes: RunNotes = NO_NOTES,
+                    system_metrics: dict[str, str] | None = None) -> str | None:
     """Train ``config`` through Ray Train, handing ``on_report`` every loop's metrics in step
     order, in this thread, with the checkpoint where a loop saved one; ``notes`` hears of failed
-    workers and of steps trained again after a restart. Returns why training failed, or None.
-    The workers never wait for this process (:mod:`.channel`)."""
+    workers and of steps trained again after a restart; ``system_metrics``: the MLflow run
+    (``run_id``, ``uri``) the workers' nodes log their system metrics to. Returns why training
+    failed, or None. The workers never wait for this process (:mod:`.channel`)."""
     reports = Queue(actor_options={"num_cpus": 0})
     settled = Queue(actor_options={"num_cpus": 0}) if config.train.evaluation == "async" else None
     trainer = make_trainer(config, name, reports, storage_path, restore_from=restore_from, pictures=pictures,
-                           startup=startup, settled=settled)
+                           startup=startup, settled=settled, system_metrics=system_metrics)
     failure: list[BaseException] = []
 
     def fit() -> None:

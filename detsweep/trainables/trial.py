@@ -94,7 +94,7 @@ def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run:
         on_report(without_pictures(metrics), checkpoint)
 
     return stream_training(config, name, storage_path, log, restore_from=restore_from, pictures=True, startup=startup,
-                           notes=run)
+                           notes=run, system_metrics=run.system_metrics_target())
 
 
 def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) -> TrialRun:

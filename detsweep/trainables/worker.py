@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +45,37 @@ def first_report_extras(startup: StartupClock, config: TrialConfig, schedule_pic
     return extras
 
 
+class NodeMonitor:
+    """MLflow's system metrics of this node (CPU, memory, disk, network; GPUs with nvidia-ml-py)
+    on the trial's run, from the node's first worker, named ``system/node<rank>/…`` when the
+    trial spans several nodes. MLflow is imported and the monitor started off the training
+    thread; MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL sets how often it samples (10 s)."""
+
+    def __init__(self, target: dict[str, str]):
+        context = ray.train.get_context()
+        several = context.get_local_world_size() < context.get_world_size()
+        self.node_id = f"node{context.get_node_rank()}" if several else None
+        self.target, self.monitor = target, None
+        self.starting = threading.Thread(target=self._start, name="detsweep-system-metrics", daemon=True)
+        self.starting.start()
+
+    def _start(self) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(self.target["run_id"], node_id=self.node_id, resume_logging=True,
+                                           tracking_uri=self.target["uri"])
+            monitor.start()
+            self.monitor = monitor
+        except Exception as error:  # a courtesy, like the pictures: training goes on without it
+            logging.getLogger(__name__).warning("no system metrics: %s", error)
+
+    def close(self) -> None:
+        self.starting.join(timeout=60)
+        if self.monitor is not None:
+            self.monitor.finish()
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     """Resume from Ray's latest checkpoint when there is one (a restarted worker group),
     else from ``restore_from`` (a Tune checkpoint: PBT, a resumed sweep); train; rank 0 sends
@@ -65,6 +97,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     config = TrialConfig.model_validate(loop_config["trial"])
     rank = ray.train.get_context().get_world_rank()
     sender = LoopSender(loop_config["reports"]) if rank == 0 else None
+    first_on_its_node = ray.train.get_context().get_local_rank() == 0
+    monitor = NodeMonitor(loop_config["system_metrics"]) if loop_config.get("system_metrics") and first_on_its_node else None
 
     def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone) -> None:
         elsewhere = milestone is Milestone.EVALUATE
@@ -95,3 +129,5 @@ def train_loop_per_worker(loop_config: dict) -> None:
     finally:
         if sender:  # a failed training's loops, too, reach the run before its error does
             sender.flush()
+        if monitor:
+            monitor.close()
