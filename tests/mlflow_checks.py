@@ -258,39 +258,80 @@ def _log_text(tmp_path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def check_mlflow_ui(report: dict, cwd: Path, screenshot: Path) -> None:
+def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
     """``detsweep ui`` in ``cwd`` (the embedded backend there), and Debian's Chromium, headless,
-    on the experiment's page: the sweep's parent run, and its child runs once expanded."""
+    as a user goes: the experiment's page with the sweep's run, expanded to its trials; the
+    sweep's metric and cost as columns (the Columns menu); the registered model's page with its
+    champion. Screenshots of each go to ``screenshots``."""
     import os
     import signal
 
+    from mlflow import MlflowClient
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
+    screenshots.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     ui = subprocess.Popen([sys.executable, "-m", "detsweep", "ui", "--port", str(port)], cwd=cwd, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=2400,1000"):
         options.add_argument(argument)
     browser = None
     try:
         wait_for_page(f"http://127.0.0.1:{port}/health")
         browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
         browser.get(f"http://127.0.0.1:{port}/#/experiments/{report['mlflow']['experiment_id']}/runs")
-        def rows():
-            return [row.text for row in browser.find_elements(By.CSS_SELECTOR, ".ag-row") if row.text.strip()]
+
+        def rows() -> list[str]:
+            """Each row's text, its pinned name cells and its value cells together (ag-grid draws them apart)."""
+            joined: dict[str, str] = {}
+            for part in browser.find_elements(By.CSS_SELECTOR, ".ag-row"):
+                index = part.get_attribute("row-index")
+                joined[index] = joined.get(index, "") + "\n" + part.text
+            return [text for text in joined.values() if text.strip()]
+
         WebDriverWait(browser, 60).until(lambda _: any(report["name"] in row for row in rows()))
-        expander = browser.find_element(By.CSS_SELECTOR, ".ag-row button")  # the parent's expand button
-        expander.click()
+        browser.find_element(By.CSS_SELECTOR, ".ag-row button").click()  # the sweep's run, expanded
         names = [f"trial_{trial['trial_id']}" for trial in report["trials"]]
         WebDriverWait(browser, 30).until(lambda _: all(any(name in row for row in rows()) for name in names))
-        browser.save_screenshot(str(screenshot))
-        assert screenshot.stat().st_size > 10_000
+        columns = [f"metrics.`{report['metric']}`", "metrics.`cost/cpu_hours`"]
+        [menu] = [button for button in browser.find_elements(By.CSS_SELECTOR, "button") if button.text.strip() == "Columns"]
+        menu.click()
+        for column in columns:
+            name = column.removeprefix("metrics.`").removesuffix("`")
+            search = browser.find_element(By.CSS_SELECTOR, "input[placeholder='Search columns']")
+            search.send_keys(Keys.CONTROL, "a")
+            search.send_keys(name)
+            found = f"//div[@data-testid='column-selector-tree']//span[normalize-space(.)='{name}']"
+            WebDriverWait(browser, 10).until(lambda _, found=found: browser.find_elements(By.XPATH, found))
+            browser.find_elements(By.XPATH, found)[-1].click()
+        browser.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
+
+        def shown_columns() -> list[str]:
+            return [cell.get_attribute("col-id") for cell in browser.find_elements(By.CSS_SELECTOR, ".ag-header-cell")]
+
+        WebDriverWait(browser, 10).until(lambda _: set(columns) <= set(shown_columns()))
+        # the sweep's cost, as MLflow holds it, in the sweep's row; each trial's dataset in its own
+        sweep_run = MlflowClient(report["mlflow"]["tracking_uri"]).get_run(report["mlflow"]["parent_run_id"])
+        total = sweep_run.data.metrics["cost/cpu_hours"]
+        WebDriverWait(browser, 10).until(lambda _: any(report["name"] in row and repr(total) in row for row in rows()))
+        assert sum("synthetic-3c-128px-seed1" in row for row in rows()) == len(report["trials"]), rows()
+        browser.save_screenshot(str(screenshots / "runs.png"))
+
+        registered = report["mlflow"]["registered_model"]
+        if registered:
+            browser.get(f"http://127.0.0.1:{port}/#/models/{registered['name']}")
+            page = lambda: browser.find_element(By.TAG_NAME, "body").text  # noqa: E731
+            WebDriverWait(browser, 30).until(lambda _: "@ champion" in page())
+            browser.save_screenshot(str(screenshots / "model.png"))
+        for picture in screenshots.glob("*.png"):
+            assert picture.stat().st_size > 10_000, picture
     finally:
         if browser is not None:
             browser.quit()
