@@ -11,12 +11,14 @@ import json
 import os
 import sys
 import tempfile
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
+from detsweep import console
 from detsweep.errors import DetsweepError
 from detsweep.subcommands import add_command
 from detsweep.tracking.sweep_run import TrialStatus
@@ -26,13 +28,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.command(args)
+        code = args.command(args)
+        console.drop_scratch_log()
+        return code
     except DetsweepError as error:
-        print(f"detsweep: error: {error}", file=sys.stderr)
+        console.drop_scratch_log()
+        print(f"detsweep: error: {error}", file=console.err(), flush=True)
         return 2
     except KeyboardInterrupt:
-        print("detsweep: interrupted", file=sys.stderr)
+        print("detsweep: interrupted", file=console.err(), flush=True)
         return 130
+    except Exception as error:
+        if console.log_path() is None:  # the terminal has it all: Python's own traceback
+            raise
+        traceback.print_exc()  # into the log
+        print(f"detsweep: unexpected error: {type(error).__name__}: {error} (traceback in {console.log_path()})",
+              file=console.err(), flush=True)
+        return 1
     except BrokenPipeError:  # e.g. `detsweep … | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
@@ -64,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--name", help="the run's name in Ray's storage (default: the config's file name and the time)")
     train.add_argument("--storage", help="where Ray keeps results and checkpoints (default: ~/ray_results)")
     train.add_argument("--json", action="store_true", help='print {"steps", "metrics", "checkpoint"} at the end')
+    _verbose_argument(train)
 
     validate = add_command(commands, "validate", validate_command, "check a sweep file and show what it would run (starts nothing)")
     validate.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
@@ -76,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _overrides_argument(launch, "override the sweep or its base config, e.g. --set search.num_samples=2")
     launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
     launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best", "mlflow"} at the end')
+    _verbose_argument(launch)
     launch.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
 
     status = add_command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
@@ -87,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--retry-errored", action="store_true", help="also continue errored trials from their last checkpoints")
     resume.add_argument("--address", help="a running Ray cluster (default: start a local one)")
     resume.add_argument("--json", action="store_true", help="print the same object as launch --json")
+    _verbose_argument(resume)
     resume.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
 
     best = add_command(commands, "best", best_command, "rank a sweep's trials from MLflow (no Ray results folder needed)")
@@ -110,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--storage", help="where Ray keeps results and checkpoints (default: ~/ray_results)")
     finetune.add_argument("--no-register", action="store_true", help="--sweep: do not register the best model")
     finetune.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    _verbose_argument(finetune)
 
     ui = add_command(commands, "ui", ui_command, "open the MLflow dashboard: mlflow ui on the embedded backend, or the server's URL")
     ui.add_argument("--config", help="a trial config or sweep file whose tracking.uri to use (default: $MLFLOW_TRACKING_URI, else mlflow.db here)")
@@ -189,17 +205,17 @@ def train_command(args: argparse.Namespace) -> int:
     from detsweep.trainables.trainer import check_data, run_train
 
     config = load_trial_config(args.config, args.overrides)
+    out = console.take_over(args.json, args.verbose)  # with --json, the progress lines go to stderr
     for line in check_data(config):
-        print(line, file=sys.stderr)
+        print(line, file=console.err())
     if config.train.fine_tune:
         from detsweep.trainables.trainer import check_fit
 
         check_fit(config, args.config)
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = _summary_stream(args.json)  # with --json, the progress lines go to stderr
     outcome = run_train(config, name, address=args.address, storage_path=args.storage)
     if outcome.error:
-        print(f"detsweep: training failed: {outcome.error}", file=sys.stderr)
+        print(f"detsweep: training failed: {outcome.error}", file=console.err())
         return 1
     if args.json:
         print(json.dumps({"steps": outcome.steps, "metrics": outcome.metrics, "checkpoint": outcome.checkpoint}), file=out)
@@ -240,7 +256,7 @@ def launch_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.spec import load_sweep
 
     sweep = load_sweep(args.sweep, args.overrides)
-    out = _summary_stream(args.json)
+    out = console.take_over(args.json, args.verbose)
     return _sweep_summary(launch(sweep, args.address, register=not args.no_register), args.json, out)
 
 
@@ -254,7 +270,7 @@ def status_command(args: argparse.Namespace) -> int:
 def resume_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.launch import resume
 
-    out = _summary_stream(args.json)
+    out = console.take_over(args.json, args.verbose)
     report = resume(args.sweep, args.address, retry_errored=args.retry_errored, register=not args.no_register)
     return _sweep_summary(report, args.json, out)
 
@@ -303,15 +319,15 @@ def finetune_command(args: argparse.Namespace) -> int:
     from detsweep.finetune import FineTuneRequest, finetune, finetune_sweep
 
     request = FineTuneRequest(args.source, args.config, tuple(args.overrides), args.from_ema, args.keep_optimizer_state)
-    out = _summary_stream(args.json)
+    if args.sweep and args.config:
+        raise DetsweepError("detsweep finetune --sweep: the sweep file's base is the config; drop CONFIG.yaml")
+    out = console.take_over(args.json, args.verbose)
     if args.sweep:
-        if args.config:
-            raise DetsweepError("detsweep finetune --sweep: the sweep file's base is the config; drop CONFIG.yaml")
         return _sweep_summary(finetune_sweep(request, args.sweep, args.address, register=not args.no_register),
                               args.json, out)
     report = finetune(request, args.address, args.storage)  # with --json, its progress goes to stderr
     if report["error"]:
-        print(f"detsweep: fine-tuning failed: {report['error']}", file=sys.stderr)
+        print(f"detsweep: fine-tuning failed: {report['error']}", file=console.err())
     if args.json:
         print(json.dumps(report, default=str), file=out, flush=True)
     else:
@@ -348,16 +364,9 @@ def _tracking_of(path: str | None):
     return load_trial_config(path).tracking
 
 
-def _summary_stream(as_json: bool) -> TextIO:
-    """With ``--json`` the object must be all of stdout. Ray's log monitor keeps writing to
-    file descriptor 1 until the process exits, so fd 1 goes to stderr for good and the
-    summary gets a private copy of the real stdout."""
-    if not as_json:
-        return sys.stdout
-    sys.stdout.flush()
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    return out
+def _verbose_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--verbose", action="store_true",
+                         help="show Ray's, Tune's and TensorFlow's own output here, not only in the run's logs/ file")
 
 
 def _sweep_summary(report: dict[str, Any], as_json: bool, out: TextIO) -> int:
@@ -365,7 +374,8 @@ def _sweep_summary(report: dict[str, Any], as_json: bool, out: TextIO) -> int:
     print(json.dumps(report, default=str) if as_json else format_trials(report, report["metric"]), file=out, flush=True)
     errored = [trial for trial in report["trials"] if trial["status"] == TrialStatus.ERROR]
     for trial in errored:
-        print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']}", file=sys.stderr)
+        full = Path(report["path"], f"trial_{trial['trial_id']}", "error.txt")
+        print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']} (full log: {full})", file=console.err())
     return 1 if errored else 0
 
 

@@ -13,6 +13,8 @@ from detsweep.errors import DetsweepError
 # 3-6 % faster with it, and more than twice as fast where TensorFlow copies tensors at every
 # step (bench/RESULTS.md).
 TCMALLOC = "libtcmalloc_minimal.so.4"
+# Where Ray keeps a run's results and checkpoints when it is given no storage path.
+RAY_RESULTS = "~/ray_results"
 
 
 def fast_allocator() -> dict[str, str]:

@@ -10,13 +10,14 @@ that does not fit fails before anything starts. Training runs through Ray Train 
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from detsweep import console
 from detsweep.checkpoints import read_config_tree
+from detsweep.cluster import RAY_RESULTS
 from detsweep.config import TrackingConfig, TrialConfig, read_trial_tree, validate
 from detsweep.config.loader import merge_trees, read_yaml_mapping, resolve_data_paths
 from detsweep.errors import stderr_held_back
@@ -55,12 +56,13 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
         source = resolve_source(request.source, backend)
         config = fine_tune_config(request, source, backend)
         for line in check_data(config):
-            print(line, file=sys.stderr)
+            print(line, file=console.err())
         plan = check_fit(config, request.config_path or request.source)
-    connect(address, env=trial_environment())
     name = f"finetune-{time.strftime('%Y%m%d-%H%M%S')}"
+    console.keep_log_in(Path(storage_path or RAY_RESULTS).expanduser() / name, "finetune.log")
+    connect(address, env=trial_environment())
     run = open_finetune_run(config, source, backend, name, plan)
-    print(f"MLflow: fine-tune run {name} at {backend.uri}", file=sys.stderr, flush=True)
+    print(f"MLflow: fine-tune run {name} at {backend.uri}", file=console.err(), flush=True)
     last: dict[str, Any] = {"metrics": {}, "checkpoint": None}
 
     def keep_last(metrics: dict, checkpoint) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,3 +70,20 @@ def own_tracking_uri(monkeypatch):
     """``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI`` in ``os.environ``, where
     every later ``detsweep`` subprocess would inherit it: each test starts without one."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+# Every kind of line detsweep itself prints on the console while it trains or sweeps.
+OUR_LINES = re.compile("|".join([
+    r"logs: /\S+ \(Ray's, Tune's and TensorFlow's own output; --verbose shows it here\)",
+    r"MLflow: .+", r"detsweep: .+", r"fine-tune: .+",
+    r".+: \d+ images?, \d+ box(es)?, \d+ categor(y|ies)(; .+)?",  # a dataset's summary
+    r"trial \w+ (started: .*|step \d+/\d+.*|finished at step .+|stopped early by the scheduler at step .+|errored: .+)",
+    r"trial +status +step .+", r"\w+_\d{5} +(PENDING|RUNNING|PAUSED|TERMINATED|ERROR)\b.*",  # the trial table
+    r"first loop after .+", r"step \d+/\d+ .+", r"finished at step \d+", r"  [\w/]+ +-?[\d.]+",
+    r"checkpoint: .+", r"MLflow run: \w+",
+]))
+
+
+def foreign_lines(*outputs: str) -> list[str]:
+    """The lines of ``outputs`` that detsweep did not write (Ray's, TensorFlow's, …)."""
+    return [line for text in outputs for line in text.splitlines() if line.strip() and not OUR_LINES.fullmatch(line)]

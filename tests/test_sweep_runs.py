@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, cli_environment, kill_session, run_cli
+from .conftest import REPO, cli_environment, foreign_lines, kill_session, run_cli
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -100,6 +100,12 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(ash
     diverged = by_lr[1e12]
     assert diverged["status"] == "ERROR" and diverged["error"].startswith("loss is NaN/Inf at step")
     assert f"trial {diverged['trial_id']} failed: loss is NaN/Inf at step" in result.stderr
+    error_file = Path(report["path"], f"trial_{diverged['trial_id']}", "error.txt")
+    assert f"(full log: {error_file})" in result.stderr and error_file.is_file()
+    # the console has detsweep's lines only; Ray's, Tune's and the workers' are in the sweep's log
+    assert not foreign_lines(result.stderr), foreign_lines(result.stderr)
+    [log] = Path(report["path"], "logs").glob("launch-*.log")
+    assert "RayTrainWorker" in log.read_text() and f"logs: {log} " in result.stderr
 
     ranked = [t["metrics"]["train/lr"] for t in report["trials"] if t["status"] != "ERROR"]
     assert ranked == sorted(ranked, reverse=True) and report["trials"][-1]["status"] == "ERROR"
@@ -242,8 +248,11 @@ def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
 def check_killed_worker_run(stdout: str, stderr: str, returncode: int, checkpointed: int) -> None:
     assert returncode == 0, stderr[-3000:]
     assert checkpointed < 40  # the kill landed mid-training
-    assert "failed (" in stderr and "retrying in" in stderr  # a write hit the outage and was retried
     report = json.loads(stdout)
+    # a write hit the outage and was retried: the trial's process said so, in the sweep's log
+    [log] = Path(report["path"], "logs").glob("launch-*.log")
+    assert "failed (" in log.read_text() and "retrying in" in log.read_text()
+    assert not foreign_lines(stderr), foreign_lines(stderr)
     trial = report["trials"][0]
     assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40
     steps = [row["step"] for row in next(iter(results_of(Path(report["path"])).values()))]

@@ -22,7 +22,7 @@ from detsweep.train import TrainingDiverged, WorkerContext, run_training, with_f
 from detsweep.train.checkpoint import TrainingState, weights_fingerprint
 from detsweep.train.restore import load_trained_model
 
-from .conftest import RACCOON, REPO, run_bounded, run_cli
+from .conftest import RACCOON, REPO, foreign_lines, run_bounded, run_cli
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 # Small and short: 32 training images, 30 steps, eval and checkpoint every 10.
@@ -202,6 +202,10 @@ def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_
                      r"strategy [\d.]+, data [\d.]+, model [\d.]+, first_loop [\d.]+", result.stderr)
     outcome = json.loads(result.stdout)
     assert outcome["steps"] == 30 and "eval/AP_best" in outcome["metrics"]
+    # the console has detsweep's lines only; Ray's, its workers' and TensorFlow's are in the run's log
+    assert not foreign_lines(result.stderr), foreign_lines(result.stderr)
+    [log] = (tmp_path / "ray" / "w2" / "logs").glob("train.log")
+    assert "RayTrainWorker" in log.read_text() and f"logs: {log} " in result.stderr
     evaluated = run_cli("eval", "--checkpoint", outcome["checkpoint"], "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads(evaluated.stdout)

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from detsweep.cluster import RAY_RESULTS
 from detsweep.config import ScalingConfig
 from detsweep.errors import DetsweepError, failure_reason
 from detsweep.tracking.sweep_run import TrialStatus
@@ -25,7 +26,7 @@ from .space import swept_paths
 from .spec import Sweep, load_sweep
 
 SWEEP_FILE = "sweep.yaml"
-RAY_DEFAULT_STORAGE = "~/ray_results"
+RAY_DEFAULT_STORAGE = RAY_RESULTS
 
 
 def storage_path(sweep: Sweep) -> str | None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import asdict
 from typing import Any
 
+from detsweep import console
 from detsweep.cluster import connect
 from detsweep.errors import DetsweepError
 from detsweep.tracking.sweep_run import TrialStatus
@@ -104,7 +106,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
     for line in check_data(sweep.base):
-        print(line, flush=True)
+        console.say(line)
     if sweep.base.train.fine_tune:
         from detsweep.trainables.trainer import check_fit
 
@@ -114,8 +116,9 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     check_resources(sweep, nodes)
     fits = trials_at_once(sweep, sum(n.get("CPU", 0) for n in nodes), sum(n.get("GPU", 0) for n in nodes))
     path = save_sweep(sweep)
+    console.keep_log_in(path, f"launch-{time.strftime('%Y%m%d-%H%M%S')}.log")
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
-    print(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}", flush=True)
+    console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps)
     build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])]).fit()
     return finish(path, sweep, link, register)
@@ -137,6 +140,7 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
         raise DetsweepError(f"{name_or_path}: {path} holds no Tune experiment state to resume from")
     link = stored_run_link(path)
     check_backend(backend_of(link))
+    console.keep_log_in(path, f"resume-{time.strftime('%Y%m%d-%H%M%S')}.log")
     connect(address, env=trial_environment())
     check_resources(sweep, cluster_nodes())
     reopen_sweep_run(link)
@@ -161,7 +165,7 @@ def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
         registered = register_best(link, sweep.name, best, sweep.search.metric, sweep.search.mode)
         crowned = "the champion" if registered["champion"] == registered["version"] else \
             f"version {registered['champion']} stays the champion (it scored better)"
-        print(f"MLflow: registered {registered['name']} version {registered['version']}, {crowned}", flush=True)
+        console.say(f"MLflow: registered {registered['name']} version {registered['version']}, {crowned}")
     report["mlflow"] = {"tracking_uri": link.uri, "experiment_id": link.experiment_id,
                         "parent_run_id": link.parent_run_id, "registered_model": registered}
     return report

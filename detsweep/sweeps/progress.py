@@ -7,12 +7,12 @@ metric, and why a trial ended.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, TextIO
 
 from ray import tune
 
+from detsweep import console
 from detsweep.errors import failure_reason
 from detsweep.trainables.trial import swept_values
 
@@ -36,7 +36,7 @@ class SweepProgress(tune.Callback):
         self._last_table = time.monotonic()
 
     def _print(self, line: str) -> None:
-        print(line, file=self.stream or sys.stdout, flush=True)
+        print(line, file=self.stream or console.out(), flush=True)
 
     def _label(self, trial) -> str:
         return trial.trial_id

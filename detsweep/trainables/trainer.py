@@ -3,16 +3,17 @@ tolerance, checkpoints; and one training streamed to the process that asked for 
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.queue import Queue
 
-from detsweep.cluster import connect
+from detsweep import console
+from detsweep.cluster import RAY_RESULTS, connect
 from detsweep.config import ScalingConfig, TrialConfig
 from detsweep.errors import DetsweepError, failure_reason, stderr_held_back
 from detsweep.startup import StartupClock
@@ -45,8 +46,8 @@ class ProgressLines:
 
     def __call__(self, metrics: dict, checkpoint) -> None:
         if "startup/total_s" in metrics:
-            print(startup_line(metrics), flush=True)
-        print(progress_line(metrics, self.num_steps, saved=checkpoint is not None), flush=True)
+            console.say(startup_line(metrics))
+        console.say(progress_line(metrics, self.num_steps, saved=checkpoint is not None))
 
 
 def startup_line(metrics: dict) -> str:
@@ -132,7 +133,7 @@ def check_fit(config: TrialConfig, where: str):
                             f"checkpoint's step {plan.step} (keep_optimizer_state goes on from there)")
     print(f"fine-tune: {len(plan.restored)} weights restored, {len(plan.fresh)} fresh"
           + (f" ({', '.join(plan.fresh)})" if plan.fresh else "") + f"; training starts at step {plan.step}",
-          file=sys.stderr, flush=True)
+          file=console.err(), flush=True)
     return plan
 
 
@@ -175,6 +176,7 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
 def run_train(config: TrialConfig, name: str, address: str | None = None,
               storage_path: str | None = None) -> TrainOutcome:
     """One training through Ray Train, as ``detsweep train`` runs it."""
+    console.keep_log_in(Path(storage_path or RAY_RESULTS).expanduser() / name, "train.log")
     startup = StartupClock()
     connect(address)
     startup.mark("ray")

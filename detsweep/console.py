@@ -1,0 +1,95 @@
+"""detsweep's own lines, and only those, on the terminal.
+
+A long command (``launch``, ``resume``, ``train``, ``finetune``) hands the process's file
+descriptors 1 and 2 to a log file once it starts working (:func:`take_over`): everything Ray,
+Tune, TensorFlow and MLflow print goes there, from Python and native code alike, including
+what Ray forwards from its workers. detsweep writes its lines through :func:`out` and
+:func:`err`, which keep the terminal. The log starts in a scratch file and moves into the
+run's own folder once there is one (:func:`keep_log_in`), so that a command refused early
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import TextIO
+
+LOG_FOLDER = "logs"
+_terminal: dict[str, TextIO] = {}
+_log: dict[str, str] = {}
+
+
+def out() -> TextIO:
+    """Where detsweep's progress and results go: the terminal's stdout (stderr under ``--json``)."""
+    return _terminal.get("out", sys.stdout)
+
+
+def err() -> TextIO:
+    """Where detsweep's errors and warnings go: the terminal's stderr."""
+    return _terminal.get("err", sys.stderr)
+
+
+def say(line: str) -> None:
+    print(line, file=out(), flush=True)
+
+
+def take_over(as_json: bool = False, verbose: bool = False) -> TextIO:
+    """From now until the process ends, file descriptors 1 and 2 write to a scratch log (with
+    ``verbose``, they keep the terminal); returns the stream for the command's result, the
+    terminal's stdout. Under ``as_json`` detsweep's lines go to stderr, the result alone to stdout."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    result = os.fdopen(os.dup(1), "w", buffering=1)
+    _terminal["err"] = os.fdopen(os.dup(2), "w", buffering=1)
+    _terminal["out"] = _terminal["err"] if as_json else result
+    if verbose:
+        if as_json:  # Ray keeps writing to fd 1 until the process exits: none of it in the result
+            os.dup2(2, 1)
+        return result
+    descriptor, path = tempfile.mkstemp(prefix="detsweep-", suffix=".log")
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    _log["path"] = path
+    return result
+
+
+def keep_log_in(folder: str | Path, name: str) -> Path | None:
+    """Move the log into ``folder/logs/name`` and say where it is; the writes go on there. A
+    folder in the cloud (``s3://…``) keeps its results only: the log goes to ``./logs/`` here.
+    Nothing to do without a log (``--verbose``)."""
+    scratch = _log.get("path")
+    if scratch is None:
+        return None
+    target = (Path.cwd() if "://" in str(folder) else Path(folder)) / LOG_FOLDER / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(scratch, "rb") as old, open(target, "ab") as new:
+        new.write(old.read())
+        descriptor = os.open(target, os.O_WRONLY | os.O_APPEND)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(descriptor, 1)
+        os.dup2(descriptor, 2)
+        os.close(descriptor)
+        new.write(old.read())  # what was written between the copy and the switch
+    os.unlink(scratch)
+    _log["path"] = str(target)
+    say(f"logs: {target} (Ray's, Tune's and TensorFlow's own output; --verbose shows it here)")
+    return target
+
+
+def log_path() -> str | None:
+    """Where the process's own output goes now, if not to the terminal."""
+    return _log.get("path")
+
+
+def drop_scratch_log() -> None:
+    """A command that ended before it had a folder of its own leaves no log behind (its error,
+    if any, is its one line on the terminal)."""
+    path = _log.get("path")
+    if path and path.startswith(tempfile.gettempdir()) and Path(path).name.startswith("detsweep-"):
+        os.unlink(path)
+        _log.pop("path")
