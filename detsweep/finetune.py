@@ -55,9 +55,10 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
     with stderr_held_back():  # an error below is one line, not TensorFlow's start-up or a progress bar
         source = resolve_source(request.source, backend)
         config = fine_tune_config(request, source, backend)
-        for line in check_data(config):
-            print(line, file=console.err())
+        summaries = check_data(config)
         plan = check_fit(config, request.config_path or request.source)
+    for line in summaries:  # once everything is checked: a refusal is its one line only
+        print(line, file=console.err())
     name = f"finetune-{time.strftime('%Y%m%d-%H%M%S')}"
     console.keep_log_in(Path(storage_path or RAY_RESULTS).expanduser() / name, "finetune.log")
     connect(address, env=trial_environment())

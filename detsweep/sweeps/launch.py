@@ -105,12 +105,13 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
 
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
-    for line in check_data(sweep.base):
-        console.say(line)
+    summaries = check_data(sweep.base)
     if sweep.base.train.fine_tune:
         from detsweep.trainables.trainer import check_fit
 
         check_fit(sweep.base, str(sweep.path))
+    for line in summaries:  # once everything is checked: a refusal is its one line only
+        console.say(line)
     connect(address, env=trial_environment())
     nodes = cluster_nodes()
     check_resources(sweep, nodes)

@@ -97,8 +97,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     config = TrialConfig.model_validate(loop_config["trial"])
     rank = ray.train.get_context().get_world_rank()
     sender = LoopSender(loop_config["reports"]) if rank == 0 else None
-    first_on_its_node = ray.train.get_context().get_local_rank() == 0
-    monitor = NodeMonitor(loop_config["system_metrics"]) if loop_config.get("system_metrics") and first_on_its_node else None
+    monitors = loop_config.get("system_metrics") and ray.train.get_context().get_local_rank() == 0
+    monitor: NodeMonitor | None = None
 
     def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone) -> None:
         elsewhere = milestone is Milestone.EVALUATE
@@ -121,6 +121,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
             # A fine-tune starts from another training's checkpoint unless it resumes its own.
             fine_tune = config.train.fine_tune if restore_from is None else None
             fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
+            # After the download (a runs:/ source imports MLflow on this thread): two threads
+            # importing MLflow at once can meet a half-initialised module.
+            monitor = NodeMonitor(loop_config["system_metrics"]) if monitors else None
             pictures = loop_config.get("pictures", False)
             context = WorkerContext(rank=rank, restore_from=restore_from, pictures=pictures,
                                     startup=startup, fine_tune_from=fine_tune_from)
