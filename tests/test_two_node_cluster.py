@@ -156,8 +156,10 @@ def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoi
     assert (experiment / "pbt_global.txt").read_text().strip(), "PBT never exploited"
     # The exploiting trial kept its MLflow run; the swept values it took are metrics over steps.
     children = check_mlflow_runs(report, num_steps=30, every=10, pbt=True, registered=False)
-    exploiting_id, rows = next((trial_id, rows) for trial_id, rows in results_of(experiment).items()
-                               if swept_values(rows[0]["config"], [LR_PATH])[LR_PATH] == 0.001)
+    # The exploiting trial is the one that started at 0.001: its run's params keep first values.
+    # (Tune's result.json of that trial once held only the rows after the exploit.)
+    [exploiting_id] = [trial_id for trial_id, run in children.items() if run.data.params[LR_PATH] == "0.001"]
+    rows = results_of(experiment)[exploiting_id]
     assert swept_values(rows[-1]["config"], [LR_PATH])[LR_PATH] == 0.03  # it took the better trial's config
     # Its MLflow run has every report: 0.001's schedule up to the exploit at step 20, then,
     # from the donor's step-20 checkpoint (never from step 0), 0.03's schedule to num_steps.
@@ -171,7 +173,6 @@ def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoi
         assert rates[step] == pytest.approx(float(schedule(step - 1)), rel=1e-5), (step, rates)
     history = client.get_metric_history(run_id, f"hparams/{LR_PATH}")
     assert [m.value for m in sorted(history, key=lambda m: m.step)][-1] == pytest.approx(0.03)
-    assert children[exploiting_id].data.params[LR_PATH] == "0.001"  # params keep the trial's first values
     # and the donor's weights: what its worker restored is what the donor's step-20 checkpoint holds
     [donor_id] = set(children) - {exploiting_id}
     [donor_checkpoint] = [path for path in experiment.glob(f"trial_{donor_id}/checkpoint_*") if read_step(path) == 20]
