@@ -202,16 +202,12 @@ def train_command(args: argparse.Namespace) -> int:
     import time
 
     from detsweep.config import load_trial_config
-    from detsweep.trainables.trainer import check_data, run_train
+    from detsweep.trainables.trainer import check_inputs, run_train
 
     config = load_trial_config(args.config, args.overrides)
     out = console.take_over(args.json, args.verbose)  # with --json, the progress lines go to stderr
-    summaries = check_data(config)
-    if config.train.fine_tune:
-        from detsweep.trainables.trainer import check_fit
-
-        check_fit(config, args.config)
-    for line in summaries:  # once everything is checked: a refusal is its one line only
+    summaries, _ = check_inputs(config, args.config)
+    for line in summaries:
         print(line, file=console.err())
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     outcome = run_train(config, name, address=args.address, storage_path=args.storage)

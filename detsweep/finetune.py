@@ -48,16 +48,15 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
     """Fine-tune once, with progress lines on the console; returns the ``detsweep finetune --json`` object."""
     from detsweep.cluster import connect
     from detsweep.tracking import trial_environment
-    from detsweep.trainables.trainer import check_data, check_fit
+    from detsweep.trainables.trainer import check_inputs
     from detsweep.trainables.trial import train_and_log
 
     backend = backend_for(request)
     with stderr_held_back():  # an error below is one line, not TensorFlow's start-up or a progress bar
         source = resolve_source(request.source, backend)
         config = fine_tune_config(request, source, backend)
-        summaries = check_data(config)
-        plan = check_fit(config, request.config_path or request.source)
-    for line in summaries:  # once everything is checked: a refusal is its one line only
+        summaries, plan = check_inputs(config, request.config_path or request.source)
+    for line in summaries:
         print(line, file=console.err())
     name = f"finetune-{time.strftime('%Y%m%d-%H%M%S')}"
     console.keep_log_in(Path(storage_path or RAY_RESULTS).expanduser() / name, "finetune.log")

@@ -26,7 +26,6 @@ from .space import swept_paths
 from .spec import Sweep, load_sweep
 
 SWEEP_FILE = "sweep.yaml"
-RAY_DEFAULT_STORAGE = RAY_RESULTS
 
 
 def storage_path(sweep: Sweep) -> str | None:
@@ -37,7 +36,7 @@ def storage_path(sweep: Sweep) -> str | None:
 
 
 def experiment_path(sweep: Sweep) -> str:
-    root = storage_path(sweep) or os.path.expanduser(RAY_DEFAULT_STORAGE)
+    root = storage_path(sweep) or os.path.expanduser(RAY_RESULTS)
     return f"{root.rstrip('/')}/{sweep.name}"
 
 
@@ -71,12 +70,12 @@ def find_experiment(name_or_path: str) -> tuple[str, Sweep]:
     if name_or_path.endswith((".yaml", ".yml")) and Path(name_or_path).is_file():
         candidates = [experiment_path(load_sweep(name_or_path))]
     elif "/" not in name_or_path and not Path(name_or_path).exists():
-        candidates = [os.path.join(os.path.expanduser(RAY_DEFAULT_STORAGE), name_or_path)]
+        candidates = [os.path.join(os.path.expanduser(RAY_RESULTS), name_or_path)]
     path = candidates[0] if "://" in candidates[0] else os.path.abspath(candidates[0])
     text = _read_text(f"{path.rstrip('/')}/{SWEEP_FILE}")
     if text is None:
         raise DetsweepError(f"{name_or_path}: found no {SWEEP_FILE} at {path}, expected a folder made by "
-                            f"detsweep launch, a sweep file, or a sweep name under {RAY_DEFAULT_STORAGE}")
+                            f"detsweep launch, a sweep file, or a sweep name under {RAY_RESULTS}")
     with tempfile.TemporaryDirectory() as folder:  # load_sweep reads files; the folder may be a bucket
         local = Path(folder, SWEEP_FILE)
         local.write_text(text)

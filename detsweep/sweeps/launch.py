@@ -97,7 +97,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     """Run the sweep to the end; returns the ``detsweep launch --json`` object. ``tags``: more
     tags for its MLflow run (a fine-tuning sweep's source); ``callbacks``: more Ray Tune callbacks."""
     from detsweep.tracking import check_backend, open_sweep_run, resolve_backend, trial_environment
-    from detsweep.trainables.trainer import check_data
+    from detsweep.trainables.trainer import check_inputs
 
     from .progress import SweepProgress
     from .space import swept_paths
@@ -105,12 +105,8 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
 
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
-    summaries = check_data(sweep.base)
-    if sweep.base.train.fine_tune:
-        from detsweep.trainables.trainer import check_fit
-
-        check_fit(sweep.base, str(sweep.path))
-    for line in summaries:  # once everything is checked: a refusal is its one line only
+    summaries, _ = check_inputs(sweep.base, str(sweep.path))
+    for line in summaries:
         console.say(line)
     connect(address, env=trial_environment())
     nodes = cluster_nodes()

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
@@ -114,6 +115,14 @@ def check_data(config: TrialConfig) -> list[str]:
 
     datasets = [config.data.train] + ([config.data.val] if config.data.val else [])
     return [load_dataset(dataset, verify=True).summary_line() for dataset in datasets]
+
+
+def check_inputs(config: TrialConfig, where: str) -> tuple[list[str], Any]:
+    """What the driver checks before Ray starts: the datasets (their summary lines, for the
+    caller to print once every check passed, so that a refusal is its one line) and, for a
+    fine-tune, that the checkpoint fits (its warm-start plan; else None)."""
+    summaries = check_data(config)
+    return summaries, check_fit(config, where) if config.train.fine_tune else None
 
 
 def check_fit(config: TrialConfig, where: str):
