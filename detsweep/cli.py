@@ -19,8 +19,9 @@ from typing import Any, TextIO
 import yaml
 
 from detsweep import console
+from detsweep.cluster import check_address, check_storage
 from detsweep.errors import DetsweepError
-from detsweep.subcommands import add_command
+from detsweep.subcommands import OneLineParser, add_command
 from detsweep.tracking.sweep_run import TrialStatus
 
 
@@ -28,6 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_address(getattr(args, "address", None))  # a cluster that is not there: before any data is read
+        if getattr(args, "storage", None):
+            check_storage(args.storage)
         code = args.command(args)
         console.drop_scratch_log()
         return code
@@ -51,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="detsweep",
         description="Hyperparameter sweeps for TensorFlow object detectors on Ray, tracked in MLflow.",
     )
@@ -414,7 +418,8 @@ def eval_command(args: argparse.Namespace) -> int:
         read_config(check_checkpoint(args.checkpoint, "--checkpoint"), args.overrides)  # before TensorFlow loads
         from detsweep.train.evaluate import evaluate_checkpoint
 
-        metrics = evaluate_checkpoint(args.checkpoint, args.overrides)
+        with console.working(f"evaluating {args.checkpoint}"):
+            metrics = evaluate_checkpoint(args.checkpoint, args.overrides)
     print(json.dumps(metrics) if args.json else "\n".join(f"{k:<22} {v:.4f}" for k, v in metrics.items()))
     return 0
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import ctypes.util
 import logging
 import os
+import socket
+import tempfile
+from pathlib import Path
 
 from detsweep.errors import DetsweepError
 
@@ -27,6 +30,43 @@ def fast_allocator() -> dict[str, str]:
     return {"LD_PRELOAD": TCMALLOC, "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40)}
 
 
+def run_folder(storage: str | None, name: str) -> str:
+    """Where Ray Train keeps the run ``name``: under ``storage`` (a folder or a bucket's URI) or
+    ``~/ray_results``."""
+    if storage and "://" in storage:
+        return f"{storage.rstrip('/')}/{name}"
+    return str(Path(storage or RAY_RESULTS).expanduser() / name)
+
+
+def check_storage(storage: str | None, where: str = "--storage") -> None:
+    """A local results folder this machine cannot make is refused before anything starts (Ray
+    would fail once the cluster is up). A bucket (``s3://…``) is Ray's to check."""
+    if storage and "://" in storage:
+        return
+    path = Path(storage or RAY_RESULTS).expanduser().absolute()
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    try:  # os.access says yes to root everywhere, /proc included: try it
+        os.rmdir(tempfile.mkdtemp(dir=existing))
+    except OSError as error:
+        raise DetsweepError(f"{where}: found {str(path)!r}, expected a folder this machine can write "
+                            f"(cannot make a folder in {existing}: {error.strerror or type(error).__name__})") from None
+
+
+def check_address(address: str | None, where: str = "--address") -> None:
+    """An address where no cluster answers is refused at once, in one line: ``ray.init`` would
+    retry it for minutes. ``auto`` and no address are Ray's to resolve (it fails fast)."""
+    if address in (None, "", "auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise DetsweepError(f"{where}: found {address!r}, expected HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as error:
+        raise DetsweepError(f"{where} {address}: no Ray cluster answers there "
+                            f"({error.strerror or type(error).__name__})") from None
+
+
 def connect(address: str | None = None, env: dict[str, str] | None = None) -> None:
     """``ray.init`` once per process: ``address`` of a running cluster, or a new local one;
     ``env`` is added to every Ray worker's environment (MLflow credentials)."""
@@ -34,6 +74,7 @@ def connect(address: str | None = None, env: dict[str, str] | None = None) -> No
 
     if ray.is_initialized():
         return
+    check_address(*(address, "--address") if address else (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"))
     # A trial stopped by a scheduler frees its Ray Train workers a little after it ends; the
     # next trial's workers wait for them instead of failing after Ray Train's default 60 s.
     env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800"),

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -34,6 +36,31 @@ def err() -> TextIO:
 
 def say(line: str) -> None:
     print(line, file=out(), flush=True)
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal a person watches (not a pipe, a file or a closed stream)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextmanager
+def working(what: str) -> Iterator[None]:
+    """Long work (a dataset read and checked, a model built, an export, an evaluation) shows
+    ``what`` with a spinner and the time so far on a terminal's stderr, and leaves no trace
+    when it ends: the caller says what came of it. On a pipe or a file, nothing is shown."""
+    if not is_terminal(err()):
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=Console(file=err()), transient=True) as shown:
+        shown.add_task(what, total=None)
+        yield
 
 
 def take_over(as_json: bool = False, verbose: bool = False) -> TextIO:

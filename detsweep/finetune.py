@@ -17,7 +17,7 @@ from typing import Any
 
 from detsweep import console
 from detsweep.checkpoints import read_config_tree
-from detsweep.cluster import RAY_RESULTS
+from detsweep.cluster import run_folder
 from detsweep.config import TrackingConfig, TrialConfig, read_trial_tree, validate
 from detsweep.config.loader import merge_trees, read_yaml_mapping, resolve_data_paths
 from detsweep.errors import stderr_held_back
@@ -59,7 +59,7 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
     for line in summaries:
         print(line, file=console.err())
     name = f"finetune-{time.strftime('%Y%m%d-%H%M%S')}"
-    console.keep_log_in(Path(storage_path or RAY_RESULTS).expanduser() / name, "finetune.log")
+    console.keep_log_in(run_folder(storage_path, name), "finetune.log")
     connect(address, env=trial_environment())
     run = open_finetune_run(config, source, backend, name, plan)
     print(f"MLflow: fine-tune run {name} at {backend.uri}", file=console.err(), flush=True)

@@ -10,6 +10,13 @@ from typing import Any
 Command = Callable[[argparse.Namespace], int]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one line on stderr, like every other error (sub-commands inherit it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def add_command(commands: Any, name: str, run: Command, summary: str) -> argparse.ArgumentParser:
     """``commands``: what ``add_subparsers()`` returned."""
     sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")

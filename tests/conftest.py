@@ -57,6 +57,48 @@ def run_bounded(command: list[str], timeout: float, **options) -> subprocess.Com
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+def run_on_terminal(command: list[str], timeout: float, **options) -> tuple[subprocess.CompletedProcess, str]:
+    """``run_bounded`` with stderr on a pseudo-terminal, as a person at a terminal runs
+    ``detsweep … --json > report.json``: returns the result (stdout captured) and everything
+    the terminal was sent, control sequences included."""
+    import pty
+    import threading
+
+    leader, follower = pty.openpty()
+    sent: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: every process holding the terminal has closed it
+                return
+            if not chunk:
+                return
+            sent.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=follower, text=True,
+                               start_new_session=True, **options)
+    os.close(follower)
+    try:
+        stdout, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(process)
+        process.communicate()
+        pytest.fail(f"{' '.join(command[2:])} still ran after {timeout:.0f} s")
+    finally:
+        reader.join(timeout=30)
+        os.close(leader)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, None), b"".join(sent).decode(errors="replace")
+
+
+def plain(terminal: str) -> str:
+    """What a terminal was sent, without its colours and cursor moves."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal)
+
+
 def kill_session(process: subprocess.Popen) -> None:
     """SIGKILL ``process`` and every process of its session (it was started with start_new_session)."""
     try:

@@ -203,3 +203,38 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     assert "RAY_AUTH_MODE=token" in " ".join(config["worker_start_ray_commands"])
     assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}  # training never on the head
     assert "~/.ray/auth_token" in config["file_mounts"].values()
+
+
+def test_a_cluster_address_where_nothing_answers_is_one_line_before_any_data_is_read(tmp_path):
+    from .mlflow_checks import free_port
+
+    nobody = f"127.0.0.1:{free_port()}"
+    for command in (["train", str(REPO / "configs" / "quickstart.yaml")], ["launch", str(REPO / "sweeps" / "quickstart.yaml")]):
+        result = run_cli(*command, "--address", nobody, cwd=tmp_path, timeout=60)
+        assert (result.returncode, result.stderr) == (2, f"detsweep: error: --address {nobody}: no Ray cluster answers "
+                                                         "there (Connection refused)\n"), result.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists()
+    result = run_cli("launch", str(REPO / "sweeps" / "quickstart.yaml"), "--address", "head", cwd=tmp_path, timeout=60)
+    assert result.stderr == "detsweep: error: --address: found 'head', expected HOST:PORT, ray://HOST:PORT or auto\n"
+
+
+def test_a_usage_mistake_is_one_line_naming_the_command_and_its_help():
+    result = run_cli("export", "--from", "/nope", "--format", "onnx", "--out", "x", timeout=60)
+    assert result.returncode == 2 and result.stderr == (
+        "detsweep export: error: argument --format: invalid choice: 'onnx' (choose from 'saved_model', 'tflite') "
+        "(see detsweep export --help)\n")
+
+
+def test_a_results_folder_this_machine_cannot_make_is_one_line_before_anything_starts(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    sweep = REPO / "sweeps" / "quickstart.yaml"
+    result = run_cli("launch", str(sweep), "--set", f"storage={a_file / 'ray'}", cwd=tmp_path, timeout=60)
+    assert (result.returncode, result.stderr) == (2, f"detsweep: error: {sweep}: storage: found '{a_file / 'ray'}', "
+                                                     f"expected a folder this machine can write (cannot make a folder in "
+                                                     f"{a_file}: Not a directory)\n")
+    result = run_cli("train", str(REPO / "configs" / "quickstart.yaml"), "--storage", "/proc/detsweep", cwd=tmp_path,
+                     timeout=60)
+    assert result.returncode == 2 and result.stderr.startswith("detsweep: error: --storage: found '/proc/detsweep', "
+                                                               "expected a folder this machine can write")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # no MLflow, no log, nothing

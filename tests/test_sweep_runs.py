@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, cli_environment, foreign_lines, kill_session, run_cli
+from .conftest import REPO, cli_environment, foreign_lines, kill_session, plain, run_cli, run_on_terminal
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -170,17 +170,28 @@ def test_resume_with_retry_errored_runs_the_errored_trial_again_and_only_it(asha
     assert {trial_id: len(found) for trial_id, found in results_of(Path(report["path"])).items()} == rows
 
 
-def test_the_time_budget_stops_what_still_runs_and_its_run_ends_killed_as_early_stopped(tmp_path):
+def test_the_time_budget_stops_what_still_runs_its_run_ends_killed_and_a_terminal_watches_it_live(tmp_path):
     """``search.time_budget_s``: a trial far from its last step when the budget is spent is
     stopped by Tune, ``STOPPED`` in the report, and its MLflow run ends ``KILLED``."""
     from mlflow import MlflowClient
 
     sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n  time_budget_s: 45\n",
                        num_steps=2000, every=10)
-    result, report = launch_json(str(sweep), "--no-register", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # run as a person at a terminal would, the report into a file: the progress on the terminal is live
+    result, drawn = run_on_terminal([sys.executable, "-m", "detsweep.cli", "launch", str(sweep), "--no-register",
+                                        "--json"], cwd=tmp_path, env=cli_environment({"COLUMNS": "120"}), timeout=900)
+    terminal = plain(drawn)
+    assert result.returncode == 0, terminal[-3000:]
+    report = json.loads(result.stdout)
     [trial] = report["trials"]
     assert trial["status"] == "STOPPED" and trial["metrics"].get("step", 0) < 2000, trial
+    assert f"trial {trial['trial_id']} started: " in terminal and f"trial {trial['trial_id']} step 10/2000" in terminal
+    # the live table: drawn under the event lines, redrawn as the trial moves, gone (cursor back) at the end
+    frames = terminal.count("┃ trial ")
+    assert frames >= 3 and f"│ {trial['trial_id']} │ RUNNING " in terminal, terminal[-3000:]
+    assert drawn.index("\x1b[?25l") < drawn.rindex(f"│ {trial['trial_id']} │") < drawn.rindex("\x1b[?25h")
+    assert "1 running; 0 min" in terminal
+    assert "reading and checking data.train (synthetic)" in terminal  # long work shows, then gives way to its line
     run = MlflowClient(report["mlflow"]["tracking_uri"]).get_run(trial["mlflow_run_id"])
     assert run.info.status == "KILLED" and run.data.tags.get("early_stopped") == "true", (run.info, run.data.tags)
 

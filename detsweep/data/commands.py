@@ -11,6 +11,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from detsweep import console
 from detsweep.subcommands import add_command
 
 if TYPE_CHECKING:
@@ -70,7 +71,8 @@ def inspect_command(args: argparse.Namespace) -> int:
     from detsweep.data import describe, format_description, load_dataset
 
     config = dataset_config(args, "detsweep data inspect", skip_empty=args.skip_empty or None)
-    description = describe(load_dataset(config, verify=args.verify))
+    with console.working(f"reading {'and checking ' if args.verify else ''}{config.annotations or config.format}"):
+        description = describe(load_dataset(config, verify=args.verify))
     print(json.dumps(description) if args.json else format_description(description))
     return 0
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from detsweep import console
 from detsweep.errors import DetsweepError
 from detsweep.subcommands import add_command
 
@@ -63,7 +64,7 @@ def export_command(args: argparse.Namespace) -> int:
     backend, source = resolve(args.source)
     from detsweep.export.saved_model import read_export_info  # TensorFlow: once the source is known
 
-    with fetched(source, backend) as checkpoint:
+    with console.working(f"exporting {args.source} as {args.format}"), fetched(source, backend) as checkpoint:
         path = exporter(args.format)(checkpoint, out, use_average=args.use_average)
     if source.run_id:
         from mlflow import MlflowClient
@@ -83,11 +84,13 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from detsweep.export.paths import check_images
+    from detsweep.export.paths import check_exported, check_images
 
     if not 0.0 <= args.min_score <= 1.0:
         raise DetsweepError(f"--min-score: found {args.min_score}, expected a score between 0 and 1")
     check_images(args.images, args.out)  # before the model loads
+    if args.model:
+        check_exported(args.model)
     from detsweep.errors import stderr_held_back
 
     with stderr_held_back():  # a model that is not there: one line, not TensorFlow's start-up

@@ -11,6 +11,17 @@ from pathlib import Path
 
 from detsweep.errors import DetsweepError
 
+INFO_FILE = "detsweep.json"  # beside an export's saved_model.pb: its step, categories and weights
+
+
+def check_exported(directory: str | Path) -> Path:
+    """A SavedModel written by ``detsweep export``, before TensorFlow loads to read it."""
+    directory = Path(directory)
+    if not (directory / "saved_model.pb").is_file() or not (directory / INFO_FILE).is_file():
+        raise DetsweepError(f"{directory}: not a SavedModel from detsweep export "
+                            f"(expected saved_model.pb and {INFO_FILE})")
+    return directory
+
 
 def check_new_folder(path: Path) -> None:
     """Exports never mix with (or replace) files that are already there."""

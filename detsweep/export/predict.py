@@ -17,8 +17,8 @@ import tensorflow as tf
 from detsweep.errors import DetsweepError
 from detsweep.evaluation.pictures import image_picture
 
-from .paths import check_images
-from .saved_model import INFO_FILE, SIGNATURE, read_export_info
+from .paths import check_exported, check_images
+from .saved_model import SIGNATURE, read_export_info
 
 # uint8 [1, height, width, 3] → the serving outputs (detection_boxes, …) as arrays
 DetectFunction = Callable[[np.ndarray], dict[str, np.ndarray]]
@@ -44,10 +44,7 @@ class Predictor:
 
 
 def saved_model_predictor(directory: str | Path) -> Predictor:
-    directory = Path(directory)
-    if not (directory / "saved_model.pb").is_file() or not (directory / INFO_FILE).is_file():
-        raise DetsweepError(f"{directory}: not a SavedModel from detsweep export "
-                            f"(expected saved_model.pb and {INFO_FILE})")
+    directory = check_exported(directory)
     serve = tf.saved_model.load(str(directory)).signatures[SIGNATURE]
 
     def detect(images: np.ndarray) -> dict[str, np.ndarray]:

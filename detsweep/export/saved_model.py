@@ -29,10 +29,9 @@ from detsweep.checkpoints import CONFIG_FILE
 from detsweep.data.processing import InputSpec, detect_pictures
 from detsweep.train.restore import load_trained_model
 
-from .paths import check_new_folder, staged_folder
+from .paths import INFO_FILE, check_new_folder, staged_folder
 
 SIGNATURE = "serving_default"
-INFO_FILE = "detsweep.json"
 
 
 def export_saved_model(checkpoint_dir: str | Path, out_dir: str | Path, use_average: bool = True) -> Path:

@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from detsweep.checkpoints import CONFIG_FILE
 
-from .paths import check_new_folder, staged_folder
-from .saved_model import INFO_FILE, SIGNATURE, export_saved_model
+from .paths import INFO_FILE, check_new_folder, staged_folder
+from .saved_model import SIGNATURE, export_saved_model
 
 MODEL_FILE = "model.tflite"
 

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from detsweep import console
-from detsweep.cluster import connect
+from detsweep.cluster import check_storage, connect
 from detsweep.errors import DetsweepError
 from detsweep.tracking.sweep_run import TrialStatus
 
@@ -103,6 +103,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     from .space import swept_paths
     from .tuner import build_tuner
 
+    check_storage(sweep.storage, f"{sweep.path}: storage")
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
     summaries, _ = check_inputs(sweep.base, str(sweep.path))
@@ -117,7 +118,10 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps)
-    build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])]).fit()
+    try:
+        build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])]).fit()
+    finally:
+        progress.close()  # a live table leaves the terminal as it found it, also on an interrupt
     return finish(path, sweep, link, register)
 
 
@@ -159,7 +163,8 @@ def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
     best = report["best"]
     registered = None
     if register and best and best["checkpoint"] and best["mlflow_run_id"]:
-        registered = register_best(link, sweep.name, best, sweep.search.metric, sweep.search.mode)
+        with console.working(f"registering trial {best['trial_id']}'s model in MLflow"):
+            registered = register_best(link, sweep.name, best, sweep.search.metric, sweep.search.mode)
         crowned = "the champion" if registered["champion"] == registered["version"] else \
             f"version {registered['champion']} stays the champion (it scored better)"
         console.say(f"MLflow: registered {registered['name']} version {registered['version']}, {crowned}")

@@ -2,7 +2,8 @@
 
 Tune's own reporter prints every trial's whole config (80 rows here) and truncates the
 swept columns; this prints what a sweep's user watches: the swept values, the step, the
-metric, and why a trial ended.
+metric, and why a trial ended. On a terminal the table is live (rich), redrawn under the
+event lines as trials move; on a pipe or a file it is printed every ``table_every_s``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from detsweep import console
 from detsweep.errors import failure_reason
 from detsweep.trainables.trial import swept_values
 
+REDRAW_EVERY_S = 0.5  # Tune calls on_step_end many times a second; the table changes per report
+
 
 def short(value: Any) -> str:
     if isinstance(value, float):
@@ -24,19 +27,39 @@ def short(value: Any) -> str:
 
 
 class SweepProgress(tune.Callback):
-    """One line when a trial starts, reports, ends or fails; the table every ``table_every_s``."""
+    """One line when a trial starts, reports, ends or fails; the table live on a terminal,
+    else every ``table_every_s``. ``close`` ends the live table (the sweep's end does too)."""
 
     def __init__(self, paths: list[str], metric: str, num_steps: int, stream: TextIO | None = None,
-                 table_every_s: float = 60.0):
+                 table_every_s: float = 60.0, live: bool | None = None):
         self.paths = paths
         self.metric = metric
         self.num_steps = num_steps
         self.stream = stream
         self.table_every_s = table_every_s
+        self._live = live
         self._last_table = time.monotonic()
+        self._started = time.monotonic()
+        self._display = None  # rich's Live, started with the first event; never pickled with the callback
+
+    def __getstate__(self) -> dict:  # Tune pickles its callbacks into the experiment's state (a resume
+        # unpickles them and writes to its own terminal)
+        return {**self.__dict__, "_display": None, "stream": None}
+
+    @property
+    def live(self) -> bool:
+        """Whether the table is live: by default, when the stream is a terminal (decided where
+        the callback runs, so a sweep resumed into a file prints lines)."""
+        return console.is_terminal(self._stream()) if self._live is None else self._live
+
+    def _stream(self) -> TextIO:
+        return self.stream or console.out()
 
     def _print(self, line: str) -> None:
-        print(line, file=self.stream or console.out(), flush=True)
+        if self._display is not None:
+            self._display.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=self._stream(), flush=True)
 
     def _label(self, trial) -> str:
         return trial.trial_id
@@ -45,6 +68,7 @@ class SweepProgress(tune.Callback):
         values = swept_values(trial.config, self.paths)
         self._print(f"trial {self._label(trial)} started: " + "  ".join(
             f"{path.rsplit('.', 1)[-1]}={short(value)}" for path, value in values.items()))
+        self._redraw(trials)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         parts = [f"step {result.get('step', 0)}/{self.num_steps}"]
@@ -53,30 +77,74 @@ class SweepProgress(tune.Callback):
         if self.metric in result:
             parts.append(f"{self.metric} {short(result[self.metric])}")
         self._print(f"trial {self._label(trial)} " + "  ".join(parts))
+        self._redraw(trials)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         step = trial.last_result.get("step", 0)
         how = "finished" if step >= self.num_steps else "stopped early by the scheduler"
         self._print(f"trial {self._label(trial)} {how} at step {step}: "
                     f"{self.metric} {short(trial.last_result.get(self.metric))}")
+        self._redraw(trials)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-
         self._print(f"trial {self._label(trial)} errored: {failure_reason(trial.get_error())}")
+        self._redraw(trials)
 
     def on_step_end(self, iteration, trials, **info) -> None:
-        if time.monotonic() - self._last_table >= self.table_every_s:
+        every = REDRAW_EVERY_S if self.live else self.table_every_s
+        if time.monotonic() - self._last_table >= every:
             self._last_table = time.monotonic()
-            self._print(self.table(trials))
+            if self.live:
+                self._redraw(trials)
+            else:
+                self._print(self.table(trials))
 
-    def table(self, trials) -> str:
+    def on_experiment_end(self, trials, **info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the live table (it leaves the terminal: the command prints its final table)."""
+        if self._display is not None:
+            self._display.stop()
+            self._display = None
+
+    def _redraw(self, trials) -> None:
+        if not self.live:
+            return
+        if self._display is None:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._display = Live(console=Console(file=self._stream()), transient=True, auto_refresh=False)
+            self._display.start()
+        self._display.update(self.live_table(trials), refresh=True)
+
+    def rows(self, trials) -> tuple[list[str], list[list[str]]]:
         headers = ["trial", "status", "step", self.metric] + [path.rsplit(".", 1)[-1] for path in self.paths]
         rows = [[self._label(trial), trial.status, str(trial.last_result.get("step", "")),
                  short(trial.last_result.get(self.metric, ""))]
                 + [short(value) for value in swept_values(trial.config, self.paths).values()]
                 for trial in trials]
+        return headers, rows
+
+    def table(self, trials) -> str:
+        headers, rows = self.rows(trials)
         widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
                  for row in [headers, *rows]]
         return "\n".join(lines)
 
+    def live_table(self, trials):
+        """The table as rich draws it: a row per trial, the counts by status and the time so far."""
+        from rich.table import Table
+
+        headers, rows = self.rows(trials)
+        counts: dict[str, int] = {}
+        for trial in trials:
+            counts[trial.status] = counts.get(trial.status, 0) + 1
+        elapsed = time.monotonic() - self._started
+        table = Table(*headers, caption=", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
+                      + f"; {elapsed // 60:.0f} min {elapsed % 60:02.0f} s", caption_justify="left")
+        for row in rows:
+            table.add_row(*row)
+        return table

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ray.train
@@ -14,7 +13,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.queue import Queue
 
 from detsweep import console
-from detsweep.cluster import RAY_RESULTS, connect
+from detsweep.cluster import connect, run_folder
 from detsweep.config import ScalingConfig, TrialConfig
 from detsweep.errors import DetsweepError, failure_reason, stderr_held_back
 from detsweep.startup import StartupClock
@@ -113,8 +112,13 @@ def check_data(config: TrialConfig) -> list[str]:
     returns one summary line per dataset (what was clipped, dropped, converted)."""
     from detsweep.data import load_dataset
 
-    datasets = [config.data.train] + ([config.data.val] if config.data.val else [])
-    return [load_dataset(dataset, verify=True).summary_line() for dataset in datasets]
+    datasets = {"data.train": config.data.train, "data.val": config.data.val}
+    summaries = []
+    for name, dataset in datasets.items():
+        if dataset is not None:
+            with console.working(f"reading and checking {name} ({dataset.format})"):
+                summaries.append(load_dataset(dataset, verify=True).summary_line())
+    return summaries
 
 
 def check_inputs(config: TrialConfig, where: str) -> tuple[list[str], Any]:
@@ -135,7 +139,8 @@ def check_fit(config: TrialConfig, where: str):
 
     categories = load_dataset(config.data.train, verify=False).categories
     # a checkpoint that does not fit: one line, not TensorFlow's start-up
-    with stderr_held_back(), fine_tune_source(config) as directory:
+    with console.working("building the model and restoring the fine-tune's checkpoint into it"), \
+            stderr_held_back(), fine_tune_source(config) as directory:
         plan = plan_warm_start(config, config.model.num_classes or len(categories), directory)
     if config.train.fine_tune.keep_optimizer_state and plan.step >= config.train.num_steps:
         raise DetsweepError(f"{where}: train.num_steps: found {config.train.num_steps}, expected more than the "
@@ -185,7 +190,7 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
 def run_train(config: TrialConfig, name: str, address: str | None = None,
               storage_path: str | None = None) -> TrainOutcome:
     """One training through Ray Train, as ``detsweep train`` runs it."""
-    console.keep_log_in(Path(storage_path or RAY_RESULTS).expanduser() / name, "train.log")
+    console.keep_log_in(run_folder(storage_path, name), "train.log")
     startup = StartupClock()
     connect(address)
     startup.mark("ray")

@@ -1,0 +1,102 @@
+"""What a person at a terminal sees: the sweep's live table and a spinner for long work, drawn
+on a real pseudo-terminal; on a pipe, plain lines (what logs and tests read)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import pty
+import select
+import time
+
+import pytest
+from ray.tune.experiment import Trial
+
+from detsweep import console
+from detsweep.sweeps.progress import SweepProgress
+
+from .conftest import plain
+
+PATH = "optimizer.learning_rate.learning_rate_base"
+
+
+@pytest.fixture
+def terminal():
+    """A pseudo-terminal: the stream to write to, and a function returning what it was sent."""
+    leader, follower = pty.openpty()
+    stream = os.fdopen(follower, "w")
+
+    def sent() -> str:
+        stream.flush()
+        chunks = []
+        while select.select([leader], [], [], 0.2)[0]:
+            chunks.append(os.read(leader, 65536))
+        return b"".join(chunks).decode()
+
+    yield stream, sent
+    stream.close()
+    os.close(leader)
+
+
+def trial(trial_id: str, rate: float, status: str = Trial.RUNNING, **result) -> Trial:
+    made = Trial("run_trial", config={"trial": {"optimizer": {"learning_rate": {"learning_rate_base": rate}}}}, trial_id=trial_id, stub=True)
+    made.set_status(status)
+    made.run_metadata.last_result = result
+    return made
+
+
+def test_on_a_terminal_the_table_is_live_under_the_event_lines_and_leaves_nothing_behind(terminal):
+    stream, sent = terminal
+    progress = SweepProgress([PATH], "eval/AP", 20, stream=stream)
+    assert progress.live
+    first, second = trial("a_00000", 0.02), trial("a_00001", 0.01, Trial.PENDING)
+    progress.on_trial_start(0, [first, second], first)
+    # Tune pickles its callbacks (a resume unpickles them): the copy decides for itself where it
+    # runs, and pytest's captured stdout is no terminal
+    assert not pickle.loads(pickle.dumps(progress)).live
+    first.run_metadata.last_result = {"step": 10, "eval/AP": 0.25}
+    progress.on_trial_result(0, [first, second], first, {"step": 10, "eval/AP": 0.25, "train/loss": 1.5})
+    drawn = sent()
+    shown = plain(drawn)
+    assert "trial a_00000 started: learning_rate_base=0.02" in shown
+    assert "trial a_00000 step 10/20  loss 1.500  eval/AP 0.25" in shown
+    assert "│ a_00000 │ RUNNING │ 10   │ 0.25    │ 0.02 " in shown and "│ a_00001 │ PENDING │" in shown
+    assert "1 pending, 1 running; 0 min" in shown
+    assert drawn.index("\x1b[?25l") < drawn.index("step 10/20")  # the cursor hides while the table is drawn
+    progress.close()
+    ended = sent()
+    assert ended.count("\x1b[?25h") == 1  # the cursor back, then the table wiped: only erasures follow
+    assert plain(ended[ended.index("\x1b[?25h"):]).strip() == "" and "\x1b[2K" in ended
+    progress.on_step_end(0, [first, second])
+    assert sent() == ""
+
+
+def test_on_a_pipe_events_are_lines_and_the_table_comes_every_table_every_s():
+    stream = io.StringIO()
+    progress = SweepProgress([PATH], "eval/AP", 20, stream=stream, table_every_s=0.1)
+    assert not progress.live
+    done = trial("a_00000", 0.02, Trial.TERMINATED, step=20, **{"eval/AP": 0.5})
+    progress.on_trial_complete(0, [done], done)
+    progress.on_step_end(0, [done])
+    time.sleep(0.15)
+    progress.on_step_end(0, [done])
+    assert stream.getvalue().splitlines() == [
+        "trial a_00000 finished at step 20: eval/AP 0.5",
+        "trial    status      step  eval/AP  learning_rate_base",
+        "a_00000  TERMINATED  20    0.5      0.02"]
+
+
+def test_long_work_shows_a_spinner_with_its_time_on_a_terminal_and_nothing_on_a_pipe(terminal, monkeypatch):
+    stream, sent = terminal
+    monkeypatch.setitem(console._terminal, "err", stream)
+    with console.working("reading and checking data.train (coco)"):
+        time.sleep(0.3)
+    drawn = sent()
+    assert "reading and checking data.train (coco) 0:00:00" in plain(drawn)
+    assert plain(drawn[drawn.index("\x1b[?25h"):]).strip() == ""  # the cursor back, the line wiped
+    piped = io.StringIO()
+    monkeypatch.setitem(console._terminal, "err", piped)
+    with console.working("exporting"):
+        pass
+    assert piped.getvalue() == ""
