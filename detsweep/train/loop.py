@@ -135,11 +135,16 @@ def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSe
     train = config.train
 
     def input_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+        # into the run's log: a worker that reads all the data (a strategy that did not see
+        # its peers) shows as "1 of 1" on every worker
+        print(f"input pipeline {index + 1} of {shards}: {len(range(index, len(train_set.examples), shards))} "
+              f"of {len(train_set.examples)} training images", flush=True)
         return training_dataset(
             train_set, spec, config.data.augmentation,
             batch_size=input_context.get_per_replica_batch_size(train.batch_size),
-            seed=train.seed + 1000 * input_context.input_pipeline_id + step,
-            shard=(input_context.num_input_pipelines, input_context.input_pipeline_id),
+            seed=train.seed + 1000 * index + step,
+            shard=(shards, index),
         )
 
     return iter(strategy.distribute_datasets_from_function(input_fn))
