@@ -207,7 +207,7 @@ def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_
     [log] = (tmp_path / "ray" / "w2" / "logs").glob("train.log")
     assert "RayTrainWorker" in log.read_text() and f"logs: {log} " in result.stderr
     # each worker read its own half of the data (disjoint by construction: test_workers_read_disjoint_shards)
-    shards = re.findall(r"RayTrainWorker.*\) input pipeline (\d) of (\d): (\d+) of (\d+) training images", log.read_text())
+    shards = re.findall(r"RayTrainWorker pid=\d+\).* input pipeline (\d) of (\d): (\d+) of (\d+) training images", log.read_text())
     assert sorted(shards) == [("1", "2", "16", "32"), ("2", "2", "16", "32")], shards
     evaluated = run_cli("eval", "--checkpoint", outcome["checkpoint"], "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
