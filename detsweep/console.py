@@ -57,8 +57,8 @@ def working(what: str) -> Iterator[None]:
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=Console(file=err()), transient=True) as shown:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=Console(file=err()),
+                  transient=True, redirect_stdout=False, redirect_stderr=False) as shown:
         shown.add_task(what, total=None)
         yield
 

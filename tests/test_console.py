@@ -8,6 +8,7 @@ import os
 import pickle
 import pty
 import select
+import sys
 import time
 
 import pytest
@@ -55,6 +56,7 @@ def test_on_a_terminal_the_table_is_live_under_the_event_lines_and_leaves_nothin
     # Tune pickles its callbacks (a resume unpickles them): the copy decides for itself where it
     # runs, and pytest's captured stdout is no terminal
     assert not pickle.loads(pickle.dumps(progress)).live
+    print("(TrainController pid=1) from Ray, in Python", file=sys.stderr)  # goes where fd 2 goes: the log
     first.run_metadata.last_result = {"step": 10, "eval/AP": 0.25}
     progress.on_trial_result(0, [first, second], first, {"step": 10, "eval/AP": 0.25, "train/loss": 1.5})
     drawn = sent()
@@ -62,7 +64,7 @@ def test_on_a_terminal_the_table_is_live_under_the_event_lines_and_leaves_nothin
     assert "trial a_00000 started: learning_rate_base=0.02" in shown
     assert "trial a_00000 step 10/20  loss 1.500  eval/AP 0.25" in shown
     assert "│ a_00000 │ RUNNING │ 10   │ 0.25    │ 0.02 " in shown and "│ a_00001 │ PENDING │" in shown
-    assert "1 pending, 1 running; 0 min" in shown
+    assert "1 pending, 1 running; 0 min" in shown and "from Ray" not in shown
     assert drawn.index("\x1b[?25l") < drawn.index("step 10/20")  # the cursor hides while the table is drawn
     progress.close()
     ended = sent()
@@ -91,9 +93,10 @@ def test_long_work_shows_a_spinner_with_its_time_on_a_terminal_and_nothing_on_a_
     stream, sent = terminal
     monkeypatch.setitem(console._terminal, "err", stream)
     with console.working("reading and checking data.train (coco)"):
+        print("from TensorFlow, in Python", file=sys.stderr)
         time.sleep(0.3)
     drawn = sent()
-    assert "reading and checking data.train (coco) 0:00:00" in plain(drawn)
+    assert "reading and checking data.train (coco) 0:00:00" in plain(drawn) and "from TensorFlow" not in drawn
     assert plain(drawn[drawn.index("\x1b[?25h"):]).strip() == ""  # the cursor back, the line wiped
     piped = io.StringIO()
     monkeypatch.setitem(console._terminal, "err", piped)

@@ -115,7 +115,9 @@ class SweepProgress(tune.Callback):
             from rich.console import Console
             from rich.live import Live
 
-            self._display = Live(console=Console(file=self._stream()), transient=True, auto_refresh=False)
+            # redirect_*: rich would show on the terminal what Ray and Tune print from Python; it goes to the log
+            self._display = Live(console=Console(file=self._stream()), transient=True, auto_refresh=False,
+                                 redirect_stdout=False, redirect_stderr=False)
             self._display.start()
         self._display.update(self.live_table(trials), refresh=True)
 
