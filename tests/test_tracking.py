@@ -358,3 +358,39 @@ def test_a_trials_datasets_are_its_runs_inputs_with_a_digest_that_follows_the_da
     assert {(i.dataset.name, i.tags[0].key, i.tags[0].value) for i in inputs} == {
         ("synthetic-3c-128px-seed1", "mlflow.data.context", "training"),
         ("synthetic-3c-128px-seed2", "mlflow.data.context", "validation")}
+
+
+def test_writes_lost_to_a_server_that_stays_away_past_a_trials_end_are_listed_in_its_log(tmp_path, caplog):
+    """The README's promise: what could not be written is the run's ``detsweep.lost_writes`` tag
+    when the server is back by the trial's end, and, while it is still away, a line of the
+    trial's log. The run stays as the server last saw it."""
+    import logging
+
+    from mlflow import MlflowClient
+
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+
+    from .mlflow_checks import mlflow_server
+
+    sweep, port = load_sweep(QUICKSTART_SWEEP), free_port()
+    with mlflow_server(tmp_path, port) as uri:
+        link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), resolve_backend(TrackingConfig(uri=uri)),
+                              as_run(sweep))
+        run = TrialRun(link, "t_00000", "trial_t_00000", sweep.base, {}, "eval/AP_best", "max")
+        run.log_report({"step": 10, "train/loss": 1.0})
+        client = MlflowClient(uri)
+        deadline = time.monotonic() + 60
+        while not (run.run_id and client.get_metric_history(run.run_id, "train/loss")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    run.log_report({"step": 20, "train/loss": 0.5})  # the server is gone, and stays away past the trial's end
+    with caplog.at_level(logging.WARNING, logger="detsweep.tracking.trial_run"):
+        run.finish(timeout_s=3)
+    [line] = [record.getMessage() for record in caplog.records if " lost " in record.getMessage()]
+    assert line.startswith(f"MLflow: run {run.run_id} of trial t_00000 lost 2 writes (") and \
+        line.endswith("): metrics at step 20; the run's end"), line
+    with mlflow_server(tmp_path, port) as uri:  # back, after the trial's end
+        client = MlflowClient(uri)
+        seen = client.get_run(run.run_id)
+        assert seen.info.status == "RUNNING" and "detsweep.lost_writes" not in seen.data.tags
+        assert [m.step for m in client.get_metric_history(run.run_id, "train/loss")] == [10]

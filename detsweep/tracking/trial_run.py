@@ -12,6 +12,7 @@ ranges (``12-16, 32-36``), so a restart that went back further than its last che
 from __future__ import annotations
 
 import base64
+import logging
 import math
 import os
 import shutil
@@ -29,6 +30,8 @@ from detsweep.startup import once_per_start
 
 from .datasets import dataset_inputs
 from .writer import RetryingWriter
+
+log = logging.getLogger(__name__)
 
 TRIAL_TAG = "detsweep.trial_id"
 ROLE_TAG = "detsweep.role"
@@ -236,11 +239,15 @@ class TrialRun:
     def close(self, timeout_s: float = 10.0) -> None:
         lost = self.writer.close(timeout_s)
         shutil.rmtree(self.snapshots, ignore_errors=True)
-        if lost and self.run_id:
-            try:
-                self.client.set_tag(self.run_id, "detsweep.lost_writes", "; ".join(lost)[:5000])
-            except Exception:  # the server is still away: the lost list is in the trial's log
-                pass
+        if not lost:
+            return
+        try:
+            if self.run_id is None:
+                raise ConnectionError("the run was never opened")
+            self.client.set_tag(self.run_id, "detsweep.lost_writes", "; ".join(lost)[:5000])
+        except Exception as error:  # the server is still away: the list goes to the trial's log
+            log.warning("MLflow: run %s of trial %s lost %d writes (%s): %s", self.run_id, self.trial_id, len(lost),
+                        type(error).__name__, "; ".join(lost))
 
 
 class ReplayedSteps:
