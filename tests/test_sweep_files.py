@@ -137,6 +137,16 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
     ("  scheduler:\n    type: pbt\n    perturbation_interval: 100\n" + MUTATIONS,
      ["base.train.eval_every=600", "base.train.checkpoint_every=600"],
      "base.train.eval_every: found 600, expected a report of eval/AP_best between PBT's first perturbation (step 100)"),
+    ("  scheduler: {type: asha, grace_period: 100, metric: eval/los, mode: min}\n", [],
+     "search.scheduler.metric: found 'eval/los', expected a metric training reports: "),
+    ("  scheduler: {type: asha, grace_period: 100, metric: train/loss}\n", [],
+     "search.scheduler.mode: found None, expected scheduler.metric and scheduler.mode together"),
+    ("  scheduler: {metric: train/loss, mode: min}\n", [],
+     "search.scheduler.metric: found 'train/loss', expected nothing with scheduler fifo (it stops no trial)"),
+    # the cadence that matters is the scheduler's metric's: train/loss at every loop, not AP at every evaluation
+    ("  scheduler: {type: asha, grace_period: 100, metric: train/loss, mode: min}\n",
+     ["base.train.steps_per_loop=600", "base.train.eval_every=600", "base.train.checkpoint_every=600"],
+     "base.train.steps_per_loop: found 600, expected a report of train/loss between ASHA's first rung (step 100)"),
 ])
 def test_a_metric_or_scheduler_that_cannot_work_fails_in_one_line_before_anything_runs(write, search, overrides, expected):
     path = sweep_file(write, search)

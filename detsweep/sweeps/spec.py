@@ -43,6 +43,9 @@ class SchedulerSpec(Section):
     quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="PBT: the bottom fraction copies the top one")
     synch: bool = Field(False, description="PBT: trials wait for each other at every perturbation (Ray Tune's synch)")
     mutations: dict[str, Parameter] = Field(default_factory=dict, description="PBT: dotted path → values or a distribution")
+    metric: str | None = Field(None, description="ASHA, PBT: what the scheduler decides on, if not search.metric "
+                                                 "(the best trial is still chosen by search.metric)")
+    mode: Literal["max", "min"] | None = Field(None, description="with metric: whether more is better")
 
 
 class SearchSpec(Section):
@@ -57,6 +60,13 @@ class SearchSpec(Section):
     include: list[str] = Field(default_factory=list, description="space files, relative to the sweep file")
     space: dict[str, Parameter] = Field(default_factory=dict)
 
+    @property
+    def decided_by(self) -> tuple[str, str]:
+        """The metric and mode the scheduler decides on: its own, or the sweep's objective."""
+        if self.scheduler.metric is not None and self.scheduler.mode is not None:
+            return self.scheduler.metric, self.scheduler.mode
+        return self.metric, self.mode
+
     @model_validator(mode="after")
     def _searcher_fits_the_space_and_scheduler(self) -> SearchSpec:
         has_grid = any(parameter.is_grid for parameter in self.space.values())
@@ -66,6 +76,12 @@ class SearchSpec(Section):
             raise invalid("algorithm", self.algorithm, "random or grid with scheduler pbt (PBT chooses the next configurations itself)")
         if self.algorithm == "grid" and not has_grid:
             raise invalid("algorithm", self.algorithm, "a space with at least one grid parameter")
+        scheduler = self.scheduler
+        if scheduler.type == "fifo" and (scheduler.metric or scheduler.mode):
+            raise invalid("scheduler.metric", scheduler.metric, "nothing with scheduler fifo (it stops no trial)")
+        if (scheduler.metric is None) != (scheduler.mode is None):
+            field = "scheduler.mode" if scheduler.mode is None else "scheduler.metric"
+            raise invalid(field, None, "scheduler.metric and scheduler.mode together (say whether more is better)")
         for path in self.scheduler.mutations:
             if path in self.space and self.space[path].is_grid:
                 raise invalid(f"space.{path}", "a grid", "values or a distribution (PBT mutates this path, a grid point cannot change)")
@@ -107,6 +123,8 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> Sweep:
     base = validate(TrialConfig, spec.base, source=f"{path}: base")
     _check_space(spec, path)
     _check_reports_carry_the_metric(base, path, spec.search.metric)
+    if spec.search.scheduler.metric:
+        _check_reports_carry_the_metric(base, path, spec.search.scheduler.metric, "search.scheduler.metric")
     _check_the_scheduler_fits(spec.search, base.train, path)
     return Sweep(spec.name, path, spec.base, base, spec.search, spec.storage)
 
@@ -180,7 +198,7 @@ def _check_field_exists(dotted: str, where: str, path: Path) -> None:
                                 f"{', '.join(known)}{did_you_mean(key, known)}")
 
 
-def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str) -> None:
+def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str, field: str = "search.metric") -> None:
     # Tune hears a trial at its evaluations, so checkpoints must fall on them.
     train = base.train
     if train.checkpoint_every and train.eval_every and train.checkpoint_every % train.eval_every:
@@ -190,22 +208,23 @@ def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str) 
         raise DetsweepError(f"{path}: base.data.val: found nothing, expected a validation set (the sweep's metric needs it)")
     known = reported_metrics(base)
     if metric not in known:
-        raise DetsweepError(f"{path}: search.metric: found {metric!r}, expected a metric training reports: "
+        raise DetsweepError(f"{path}: {field}: found {metric!r}, expected a metric training reports: "
                             f"{', '.join(known)}{did_you_mean(metric, known)}")
 
 
 def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path) -> None:
     """A scheduler that could never act on these trials is a mistake to say before they run."""
     scheduler, steps = search.scheduler, train.num_steps
+    metric, _ = search.decided_by
     # Tune sees the metric at the reports that carry it: every evaluation, or every loop.
-    every = train.eval_every if search.metric.startswith("eval") else train.steps_per_loop
+    every = train.eval_every if metric.startswith("eval") else train.steps_per_loop
     if scheduler.type == "asha":
         bound, limit = ("search.scheduler.max_t", scheduler.max_t) if (scheduler.max_t or steps) < steps \
             else ("base.train.num_steps", steps)
         if scheduler.grace_period >= limit:
             raise DetsweepError(f"{path}: search.scheduler.grace_period: found {scheduler.grace_period}, expected fewer "
                                 f"steps than {bound} ({limit}): ASHA could never stop a trial")
-        _check_seen_before_the_end(scheduler.grace_period, every, steps, search.metric, "ASHA's first rung", path)
+        _check_seen_before_the_end(scheduler.grace_period, every, steps, metric, "ASHA's first rung", path)
     if scheduler.type == "pbt":
         if scheduler.perturbation_interval >= steps:
             raise DetsweepError(f"{path}: search.scheduler.perturbation_interval: found {scheduler.perturbation_interval}, "
@@ -214,7 +233,7 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
             raise DetsweepError(f"{path}: search.scheduler.mutations: found nothing, expected the paths PBT mutates")
         if not train.checkpoint_every:
             raise DetsweepError(f"{path}: base.train.checkpoint_every: found 0, expected checkpoints for PBT to copy")
-        _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, search.metric, "PBT's first perturbation",
+        _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, metric, "PBT's first perturbation",
                                    path)
 
 

@@ -48,7 +48,10 @@ def searcher(sweep: Sweep, max_concurrent: int):
         from ray.tune.search import ConcurrencyLimiter
         from ray.tune.search.optuna import OptunaSearch
 
-        return ConcurrencyLimiter(OptunaSearch(sampler=optuna.samplers.TPESampler(seed=search.seed)), max_concurrent)
+        # A scheduler with a metric of its own takes Tune's metric and mode away: TPE gets the objective here.
+        objective = {"metric": search.metric, "mode": search.mode} if search.scheduler.metric else {}
+        return ConcurrencyLimiter(OptunaSearch(sampler=optuna.samplers.TPESampler(seed=search.seed), **objective),
+                                  max_concurrent)
     from ray.tune.search import BasicVariantGenerator
 
     return BasicVariantGenerator(random_state=search.seed, max_concurrent=max_concurrent)
@@ -60,7 +63,7 @@ def scheduler(sweep: Sweep):
         # ASHA stops a trial whose step reaches max_t; one past the last step lets a trial
         # that runs to the end finish on its own instead of being killed at its last report.
         return tune.schedulers.ASHAScheduler(
-            time_attr="step", max_t=spec.max_t or sweep.base.train.num_steps + 1,
+            time_attr="step", metric=spec.metric, mode=spec.mode, max_t=spec.max_t or sweep.base.train.num_steps + 1,
             grace_period=spec.grace_period, reduction_factor=spec.reduction_factor,
         )
     if spec.type == "pbt":
@@ -68,7 +71,8 @@ def scheduler(sweep: Sweep):
         for dotted, parameter in spec.mutations.items():
             set_path(mutations, f"trial.{dotted}", parameter.values if parameter.values else parameter.domain())
         return tune.schedulers.PopulationBasedTraining(
-            time_attr="step", perturbation_interval=spec.perturbation_interval, quantile_fraction=spec.quantile_fraction,
+            time_attr="step", metric=spec.metric, mode=spec.mode, perturbation_interval=spec.perturbation_interval,
+            quantile_fraction=spec.quantile_fraction,
             hyperparam_mutations=mutations, synch=spec.synch,
         )
     return tune.schedulers.FIFOScheduler()
@@ -94,14 +98,20 @@ def trainable():
     return tune.with_resources(run_trial, TRIAL_DRIVER)
 
 
-def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks: list | None = None) -> tune.Tuner:
+def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks: list | None = None,
+                runs: Any = None) -> tune.Tuner:
+    """The sweep's Tuner; ``runs``: another trainable in place of detsweep's trial (one that
+    reports recorded curves, say), under the same searcher, scheduler and space."""
     search = sweep.search
     concurrent = search.max_concurrent_trials or max_concurrent
+    # Tune hands its metric and mode to the searcher and the scheduler, and refuses both when
+    # the scheduler has its own: then each is given what it decides on (see ``searcher``).
+    objective = (None, None) if search.scheduler.metric else (search.metric, search.mode)
     return tune.Tuner(
-        trainable(),
+        runs or trainable(),
         param_space=param_space(sweep, tracking),
         tune_config=tune.TuneConfig(
-            metric=search.metric, mode=search.mode, num_samples=search.num_samples,
+            metric=objective[0], mode=objective[1], num_samples=search.num_samples,
             time_budget_s=search.time_budget_s, search_alg=searcher(sweep, concurrent), scheduler=scheduler(sweep),
             trial_name_creator=trial_name, trial_dirname_creator=trial_name,
         ),
