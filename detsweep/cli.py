@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     _verbose_argument(resume)
     resume.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
 
+    replay = add_command(commands, "replay", replay_command,
+                         "judge a sweep's searcher and scheduler in seconds on recorded learning curves (no training)")
+    replay.add_argument("curves", help="a curves file (JSON): the swept paths and every recorded trial's reports")
+    replay.add_argument("sweep", help="the sweep file whose search settings to replay")
+    _overrides_argument(replay, "override the sweep, e.g. --set search.scheduler.grace_period=40")
+    replay.add_argument("--seeds", type=int, default=1, help="replay with this many seeds from the sweep's own (default 1)")
+    replay.add_argument("--json", action="store_true", help="print one JSON object: every seed's run, median, min, max")
+
     best = add_command(commands, "best", best_command, "rank a sweep's trials from MLflow (no Ray results folder needed)")
     best.add_argument("experiment", help="the sweep's name (its MLflow experiment) or its sweep file")
     best.add_argument("--metric", help="rank by this metric (default: the sweep's)")
@@ -274,6 +282,40 @@ def resume_command(args: argparse.Namespace) -> int:
     out = console.take_over(args.json, args.verbose)
     report = resume(args.sweep, args.address, retry_errored=args.retry_errored, register=not args.no_register)
     return _sweep_summary(report, args.json, out)
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.replay import read_curves, replay
+    from detsweep.sweeps.spec import load_sweep
+
+    if args.seeds < 1:
+        raise DetsweepError(f"--seeds: found {args.seeds}, expected 1 or more")
+    sweep = load_sweep(args.sweep, args.overrides)
+    curves = read_curves(args.curves, sweep)
+    out = console.take_over(args.json)  # Tune's own lines: into a scratch log, dropped at the end
+    import ray
+
+    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    with console.working(f"replaying {args.sweep} on {len(curves.configs)} recorded trials, {args.seeds} seed(s)"):
+        report = replay(sweep, curves, args.seeds)
+    print(json.dumps(report) if args.json else format_replay(report), file=out, flush=True)
+    return 0
+
+
+def format_replay(report: dict[str, Any]) -> str:
+    rows = [("training steps spent", "steps", "{:.0f}"), ("share of FIFO's steps", "share_of_fifo", "{:.0%}"),
+            (f"returned trial's final {report['metric']}", "returned", "{:.4g}"),
+            ("regret against the best recorded", "regret", "{:.4g}"),
+            ("steps spent before it first reported", "steps_until_returned_seen", "{:.0f}")]
+    lines = [f"replay of {report['sweep']} on {report['recorded_trials']} recorded trials, {len(report['runs'])} seed(s); "
+             f"best recorded {report['metric']} {report['best_recorded']:.4g}",
+             f"{'':<40} {'median':>9} {'min':>9} {'max':>9}"]
+    lines += [f"{label:<40} " + " ".join(f"{form.format(report[which][key]):>9}" for which in ("median", "min", "max"))
+              for label, key, form in rows]
+    nearest = sum(run["nearest"] for run in report["runs"])
+    if nearest:
+        lines.append(f"note: {nearest} drawn configuration(s) were not recorded and replayed the nearest recorded one")
+    return "\n".join(lines)
 
 
 def best_command(args: argparse.Namespace) -> int:

@@ -1,7 +1,11 @@
 """Ray Tune's real searchers and schedulers, as a sweep file builds them, on trials that report
-known curves instead of training: what each decides is known in advance, in seconds."""
+known curves instead of training (``detsweep replay`` too): what each decides is known in
+advance, in seconds."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 import ray
@@ -12,7 +16,7 @@ from detsweep.sweeps.tuner import build_tuner, scheduler, searcher
 from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import swept_values
 
-from .conftest import REPO
+from .conftest import REPO, run_cli
 
 LR = "optimizer.learning_rate.learning_rate_base"
 
@@ -46,17 +50,21 @@ search:
 {search}"""))
 
 
-def test_asha_decides_on_its_own_metric_and_mode_not_on_the_objective(local_ray, write, tmp_path):
-    """One trial at a time, in grid order: the first (lowest rate, so lowest loss) passes every
-    rung; each later one has a higher loss than all before it and stops at the first rung. On
-    the objective (AP, max) the same trials would all go on."""
-    sweep = sweep_with(write, tmp_path, f"""
+# one trial at a time, in this grid order, stopped on the loss; the best is chosen by AP
+ASHA_ON_THE_LOSS = f"""
   algorithm: grid
   num_samples: 1
   scheduler: {{type: asha, grace_period: 10, reduction_factor: 2, metric: train/loss, mode: min}}
   space:
     {LR}: {{grid: [0.01, 0.02, 0.08, 0.04]}}
-""")
+"""
+
+
+def test_asha_decides_on_its_own_metric_and_mode_not_on_the_objective(local_ray, write, tmp_path):
+    """One trial at a time, in grid order: the first (lowest rate, so lowest loss) passes every
+    rung; each later one has a higher loss than all before it and stops at the first rung. On
+    the objective (AP, max) the same trials would all go on."""
+    sweep = sweep_with(write, tmp_path, ASHA_ON_THE_LOSS)
     results = build_tuner(sweep, 1, RunLink("sqlite:///unused.db", "0", None), runs=lr_reported).fit()
     assert not results.errors
     steps = {swept_values(result.config, [LR])[LR]: result.metrics["step"] for result in results}
@@ -76,3 +84,52 @@ def test_tpe_optimises_the_objective_while_asha_stops_on_the_loss(local_ray, wri
     assert (built[0].metric, built[0].mode, built[1].metric) == ("eval/AP_best", "max", "train/loss")
     results = build_tuner(sweep, 1, RunLink("sqlite:///unused.db", "0", None), runs=lr_reported).fit()
     assert not results.errors and len(results) == 3  # Tune accepted the two metrics (it refuses a mix-up)
+
+
+HAND_MADE = {  # rate: (loss at every step, AP at steps 10, 20, 30, 40)
+    0.01: (1.0, [0.1, 0.2, 0.3, 0.4]),
+    0.02: (2.0, [0.05, 0.1, 0.3, 0.6]),  # the best at the full budget, and the worst early
+    0.08: (8.0, [0.5, 0.5, 0.5, 0.5]),
+    0.04: (4.0, [0.0, 0.1, 0.2, 0.3]),
+}
+
+
+def curves_file(write, paths=(LR,)) -> str:
+    trials = [{"config": {LR: rate}, "reports": [{"step": 10 * (i + 1), "train/loss": loss, "eval/AP_best": ap}
+                                                 for i, ap in enumerate(aps)]}
+              for rate, (loss, aps) in HAND_MADE.items()]
+    return str(write("curves.json", json.dumps({"recorded": "by hand", "paths": list(paths), "trials": trials})))
+
+
+def test_replay_spends_the_steps_a_hand_computation_gives_and_returns_that_trial(write, tmp_path):
+    """ASHA on the loss, one trial at a time in grid order: 0.01 passes every rung, the others
+    stop at step 10 (each loses more than all before it): 40 + 3 x 10 = 70 of FIFO's 160 steps.
+    The sweep returns the best last AP, 0.08's 0.5 at step 10, whose full-budget AP is 0.5: a
+    regret of 0.1 against 0.02's 0.6. 0.08 first reported when 40 + 10 + 10 steps were spent."""
+    sweep = sweep_with(write, tmp_path, ASHA_ON_THE_LOSS)
+    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    [run] = report["runs"]
+    assert (run["steps"], run["fifo_steps"], run["share_of_fifo"]) == (70, 160, pytest.approx(70 / 160))
+    assert (run["returned"], run["regret"], report["best_recorded"]) == (0.5, pytest.approx(0.1), 0.6)
+    assert run["steps_until_returned_seen"] == 60 and run["nearest"] == 0
+    assert report["median"]["steps"] == 70
+    shown = run_cli("replay", curves_file(write), str(sweep.path), "--set", "search.scheduler.type=fifo",
+                    "--set", "search.scheduler.metric=null", "--set", "search.scheduler.mode=null", timeout=300)
+    assert shown.returncode == 0, shown.stderr[-3000:]  # FIFO: every step, and the best at the end
+    assert "share of FIFO's steps" in shown.stdout and " 100% " in shown.stdout
+    assert re.search(r"regret against the best recorded +0 +0 +0", shown.stdout), shown.stdout
+
+
+def test_replay_refuses_curves_that_do_not_match_the_sweep_in_one_line(write, tmp_path):
+    sweep = sweep_with(write, tmp_path, f"""
+  num_samples: 2
+  space:
+    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
+    optimizer.moving_average_decay: {{values: [0.99, 0.995]}}
+""")
+    result = run_cli("replay", curves_file(write), str(sweep.path), timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"detsweep: error: {tmp_path / 'curves.json'}: paths: found ['{LR}'], expected the swept paths of "
+        f"{sweep.path}: ['{LR}', 'optimizer.moving_average_decay']"]

@@ -1,0 +1,163 @@
+"""A sweep's searcher and scheduler, judged in seconds on recorded learning curves.
+
+``detsweep replay CURVES SWEEP.yaml`` runs the sweep's own Ray Tune searcher and scheduler
+(``build_tuner``), but each trial reports a recorded curve instead of training: the one
+recorded for the configuration it drew, or the nearest one (and the output says how many
+were). Time runs in training steps (``tick_s`` of sleep per step), so that asynchronous
+decisions come in the order they would have. Per seed it measures what a sweep costs and
+what it returns; over seeds, their median and spread.
+
+A curves file (JSON) holds the swept paths and, per recorded configuration, its reports::
+
+    {"recorded": "2026-11-24, 2 cores", "paths": ["optimizer.learning_rate.learning_rate_base"],
+     "trials": [{"config": {"optimizer.learning_rate.learning_rate_base": 0.04},
+                 "reports": [{"step": 20, "train/loss": 1.2, "eval/AP_best": 0.01}, ...]}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from detsweep.errors import DetsweepError
+from detsweep.tracking.trial_run import RunLink
+from detsweep.trainables.trial import swept_values
+
+from .space import swept_paths
+from .spec import Sweep
+from .tuner import build_tuner
+
+TICK_S = 0.002  # seconds of replay per training step: 300 steps take 0.6 s
+
+
+@dataclass(frozen=True)
+class Curves:
+    """Recorded trials: each one's swept values and its reports in step order."""
+
+    paths: list[str]
+    configs: list[dict[str, Any]]
+    reports: list[list[dict[str, float]]]
+
+    def final(self, index: int, metric: str) -> float:
+        """The metric's last recorded value: what the configuration scores at its full budget."""
+        return [report[metric] for report in self.reports[index] if metric in report][-1]
+
+    def nearest(self, values: dict[str, Any]) -> int:
+        """The recorded configuration closest to ``values`` (log scale for positive numbers)."""
+        def distance(index: int) -> float:
+            total = 0.0
+            for path in self.paths:
+                mine, theirs = values[path], self.configs[index][path]
+                if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)):
+                    if mine > 0 and theirs > 0:
+                        total += abs(math.log(mine) - math.log(theirs))
+                    else:
+                        total += abs(mine - theirs)
+                else:
+                    total += float(mine != theirs)
+            return total
+
+        return min(range(len(self.configs)), key=distance)
+
+
+def read_curves(path: str | Path, sweep: Sweep) -> Curves:
+    """The curves file, checked against the sweep: the same swept paths, and every metric the
+    sweep decides on recorded for every trial."""
+    where = Path(path)
+    if sweep.search.scheduler.type == "pbt":
+        raise DetsweepError(f"{sweep.path}: search.scheduler.type: found 'pbt', expected fifo or asha to replay "
+                            "(a recorded curve cannot continue from another trial's weights)")
+    try:
+        data = json.loads(where.read_text())
+    except FileNotFoundError:
+        raise DetsweepError(f"{where}: file not found") from None
+    except json.JSONDecodeError as error:
+        raise DetsweepError(f"{where}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    if not isinstance(data, dict) or not data.get("trials"):
+        raise DetsweepError(f"{where}: found no trials, expected {{\"paths\": [...], \"trials\": [...]}}")
+    paths, expected = data.get("paths"), swept_paths(sweep)
+    if sorted(paths or []) != sorted(expected):
+        raise DetsweepError(f"{where}: paths: found {paths}, expected the swept paths of {sweep.path}: {expected}")
+    needed = {sweep.search.metric, sweep.search.decided_by[0]}
+    for number, trial in enumerate(data["trials"]):
+        reports = sorted(trial.get("reports") or [], key=lambda report: report.get("step", 0))
+        missing = sorted(needed - {key for report in reports for key in report})
+        if missing or not all("step" in report for report in reports):
+            raise DetsweepError(f"{where}: trials[{number}]: found no {', '.join(missing) or 'step'} in its reports, "
+                                f"expected step, {' and '.join(sorted(needed))}")
+        if set(trial.get("config", {})) != set(expected):
+            raise DetsweepError(f"{where}: trials[{number}].config: found {sorted(trial.get('config', {}))}, "
+                                f"expected values for {expected}")
+        data["trials"][number]["reports"] = reports
+    return Curves(expected, [trial["config"] for trial in data["trials"]],
+                  [trial["reports"] for trial in data["trials"]])
+
+
+class _Timeline(tune.Callback):
+    """The steps every trial has reported so far, and that total when each trial first reported."""
+
+    def __init__(self):
+        self.steps: dict[str, int] = {}
+        self.first_seen: dict[str, int] = {}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self.steps[trial.trial_id] = int(result["step"])
+        self.first_seen.setdefault(trial.trial_id, sum(self.steps.values()))
+
+
+def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S) -> dict[str, Any]:
+    """One replayed sweep with ``seed``: steps spent against FIFO's on the same draws, the
+    recorded final objective of the trial it returns, its regret against the best recorded."""
+    metric, mode = sweep.search.metric, sweep.search.mode
+    better = max if mode == "max" else min
+
+    def recorded(config: dict) -> None:
+        values = swept_values(config, curves.paths)
+        index = curves.nearest(values)
+        exact, step = int(values == curves.configs[index]), 0
+        for report in curves.reports[index]:
+            time.sleep(tick_s * (report["step"] - step))
+            step = report["step"]
+            tune.report({"curve": index, "exact": exact, **report})
+
+    timeline = _Timeline()
+    with tempfile.TemporaryDirectory(prefix="detsweep-replay-") as folder:
+        seeded = dataclasses.replace(sweep, storage=folder,
+                                     search=sweep.search.model_copy(update={"seed": seed, "time_budget_s": None}))
+        runs = tune.with_resources(recorded, {"cpu": 0.01})  # concurrency is the searcher's to limit
+        concurrent = sweep.search.max_concurrent_trials or 2
+        results = build_tuner(seeded, concurrent, RunLink("sqlite:///unused.db", "0", None), [timeline], runs=runs).fit()
+    if results.errors:
+        raise DetsweepError(f"the replay failed: {results.errors[0]}")
+    trials = [(result.metrics["curve"], result.metrics, timeline.first_seen.get(result.metrics["trial_id"], 0))
+              for result in results]
+    returned = better(trials, key=lambda trial: trial[1][metric])  # ranked by the last value, as the sweep ranks
+    best = better(curves.final(index, metric) for index in range(len(curves.configs)))
+    spent = sum(int(trial[1]["step"]) for trial in trials)
+    fifo = sum(int(curves.reports[trial[0]][-1]["step"]) for trial in trials)
+    chosen = curves.final(returned[0], metric)
+    return {"seed": seed, "trials": len(trials), "steps": spent, "fifo_steps": fifo, "share_of_fifo": spent / fifo,
+            "returned": chosen, "regret": abs(best - chosen), "steps_until_returned_seen": returned[2],
+            "nearest": sum(1 for result in results if not result.metrics.get("exact", 1))}
+
+
+def replay(sweep: Sweep, curves: Curves, seeds: int = 1, tick_s: float = TICK_S) -> dict[str, Any]:
+    """``replay_once`` for ``seeds`` seeds from the sweep's own; their median, min and max."""
+    first = sweep.search.seed or 0
+    runs = [replay_once(sweep, curves, first + offset, tick_s) for offset in range(seeds)]
+    keys = ["steps", "share_of_fifo", "returned", "regret", "steps_until_returned_seen"]
+    summary = {name: {key: function([run[key] for run in runs]) for key in keys}
+               for name, function in (("median", statistics.median), ("min", min), ("max", max))}
+    return {"sweep": str(sweep.path), "recorded_trials": len(curves.configs), "metric": sweep.search.metric,
+            "best_recorded": (max if sweep.search.mode == "max" else min)(
+                curves.final(index, sweep.search.metric) for index in range(len(curves.configs))),
+            "runs": runs, **summary}
