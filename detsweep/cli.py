@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = add_command(commands, "replay", replay_command,
                          "judge a sweep's searcher and scheduler in seconds on recorded learning curves (no training)")
-    replay.add_argument("curves", help="a curves file (JSON): the swept paths and every recorded trial's reports")
+    replay.add_argument("curves", metavar="CURVES|EXPERIMENT",
+                        help="a curves file (.json), or a finished sweep's MLflow experiment (its full-budget trials)")
     replay.add_argument("sweep", help="the sweep file whose search settings to replay")
     _overrides_argument(replay, "override the sweep, e.g. --set search.scheduler.grace_period=40")
     replay.add_argument("--seeds", type=int, default=1, help="replay with this many seeds from the sweep's own (default 1)")
@@ -285,13 +286,13 @@ def resume_command(args: argparse.Namespace) -> int:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    from detsweep.sweeps.replay import read_curves, replay
+    from detsweep.sweeps.replay import load_curves, replay
     from detsweep.sweeps.spec import load_sweep
 
     if args.seeds < 1:
         raise DetsweepError(f"--seeds: found {args.seeds}, expected 1 or more")
     sweep = load_sweep(args.sweep, args.overrides)
-    curves = read_curves(args.curves, sweep)
+    curves = load_curves(args.curves, sweep)
     out = console.take_over(args.json)  # Tune's own lines: into a scratch log, dropped at the end
     import ray
 

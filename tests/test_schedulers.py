@@ -133,3 +133,27 @@ def test_replay_refuses_curves_that_do_not_match_the_sweep_in_one_line(write, tm
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         f"detsweep: error: {tmp_path / 'curves.json'}: paths: found ['{LR}'], expected the swept paths of "
         f"{sweep.path}: ['{LR}', 'optimizer.moving_average_decay']"]
+
+
+def test_a_finished_experiments_full_curves_replay_as_the_file_does(local_ray, write, tmp_path, monkeypatch):
+    """The same hand-made curves, logged to MLflow as a FIFO sweep's trials would be (plus one
+    stopped early, which has no full curve to replay): read back from the experiment, they
+    replay to the figures the curves file gives."""
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.replay import load_curves, replay_once
+    from detsweep.tracking import TrialRun, open_sweep_run, resolve_backend
+
+    monkeypatch.chdir(tmp_path)  # MLflow's embedded default: mlflow.db here
+    sweep = sweep_with(write, tmp_path, ASHA_ON_THE_LOSS)
+    link = open_sweep_run(sweep, str(tmp_path / "ray" / sweep.name), resolve_backend(sweep.base.tracking), as_run(sweep))
+    for number, (rate, (loss, aps)) in enumerate([*HAND_MADE.items(), (0.03, (3.0, [0.9]))]):
+        run = TrialRun(link, f"t_{number:05d}", f"trial_t_{number:05d}", sweep.base, {LR: rate}, "eval/AP_best", "max")
+        for index, ap in enumerate(aps):
+            run.log_report({"step": 10 * (index + 1), "train/loss": loss, "eval/AP_best": ap})
+        run.finish()
+    curves = load_curves(sweep.name, sweep)
+    assert sorted(zip([config[LR] for config in curves.configs], curves.reports)) == sorted(
+        (rate, [{"step": 10 * (i + 1), "train/loss": loss, "eval/AP_best": ap} for i, ap in enumerate(aps)])
+        for rate, (loss, aps) in HAND_MADE.items())
+    run = replay_once(sweep, curves, seed=0)
+    assert (run["steps"], run["fifo_steps"], run["returned"], run["steps_until_returned_seen"]) == (70, 160, 0.5, 60)

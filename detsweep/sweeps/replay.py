@@ -1,6 +1,6 @@
 """A sweep's searcher and scheduler, judged in seconds on recorded learning curves.
 
-``detsweep replay CURVES SWEEP.yaml`` runs the sweep's own Ray Tune searcher and scheduler
+``detsweep replay CURVES|EXPERIMENT SWEEP.yaml`` runs the sweep's own Ray Tune searcher and scheduler
 (``build_tuner``), but each trial reports a recorded curve instead of training: the one
 recorded for the configuration it drew, or the nearest one (and the output says how many
 were). Time runs in training steps (``tick_s`` of sleep per step), so that asynchronous
@@ -69,37 +69,58 @@ class Curves:
         return min(range(len(self.configs)), key=distance)
 
 
-def read_curves(path: str | Path, sweep: Sweep) -> Curves:
-    """The curves file, checked against the sweep: the same swept paths, and every metric the
-    sweep decides on recorded for every trial."""
-    where = Path(path)
+def load_curves(source: str, sweep: Sweep) -> Curves:
+    """Curves to replay ``sweep`` on: a curves file (``….json``), or the trials of a finished
+    MLflow experiment (its name) that trained their whole budget. Checked against the sweep:
+    the same swept paths, and every metric the sweep decides on recorded for every trial."""
     if sweep.search.scheduler.type == "pbt":
         raise DetsweepError(f"{sweep.path}: search.scheduler.type: found 'pbt', expected fifo or asha to replay "
                             "(a recorded curve cannot continue from another trial's weights)")
-    try:
-        data = json.loads(where.read_text())
-    except FileNotFoundError:
-        raise DetsweepError(f"{where}: file not found") from None
-    except json.JSONDecodeError as error:
-        raise DetsweepError(f"{where}: line {error.lineno}: invalid JSON: {error.msg}") from None
-    if not isinstance(data, dict) or not data.get("trials"):
-        raise DetsweepError(f"{where}: found no trials, expected {{\"paths\": [...], \"trials\": [...]}}")
-    paths, expected = data.get("paths"), swept_paths(sweep)
+    needed = sorted({sweep.search.metric, sweep.search.decided_by[0]})
+    if source.endswith(".json") or Path(source).is_file():
+        where, (paths, trials) = source, _from_file(Path(source))
+    else:
+        where, (paths, trials) = f"experiment {source!r}", _from_experiment(source, sweep, needed)
+    expected = swept_paths(sweep)
     if sorted(paths or []) != sorted(expected):
         raise DetsweepError(f"{where}: paths: found {paths}, expected the swept paths of {sweep.path}: {expected}")
-    needed = {sweep.search.metric, sweep.search.decided_by[0]}
-    for number, trial in enumerate(data["trials"]):
-        reports = sorted(trial.get("reports") or [], key=lambda report: report.get("step", 0))
-        missing = sorted(needed - {key for report in reports for key in report})
+    for number, (config, reports) in enumerate(trials):
+        missing = [name for name in needed if not any(name in report for report in reports)]
         if missing or not all("step" in report for report in reports):
             raise DetsweepError(f"{where}: trials[{number}]: found no {', '.join(missing) or 'step'} in its reports, "
-                                f"expected step, {' and '.join(sorted(needed))}")
-        if set(trial.get("config", {})) != set(expected):
-            raise DetsweepError(f"{where}: trials[{number}].config: found {sorted(trial.get('config', {}))}, "
-                                f"expected values for {expected}")
-        data["trials"][number]["reports"] = reports
-    return Curves(expected, [trial["config"] for trial in data["trials"]],
-                  [trial["reports"] for trial in data["trials"]])
+                                f"expected step, {' and '.join(needed)}")
+        if set(config) != set(expected):
+            raise DetsweepError(f"{where}: trials[{number}].config: found {sorted(config)}, expected values for {expected}")
+    return Curves(expected, [config for config, _ in trials],
+                  [sorted(reports, key=lambda report: report["step"]) for _, reports in trials])
+
+
+def _from_file(path: Path) -> tuple[list[str], list[tuple[dict, list]]]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DetsweepError(f"{path}: file not found") from None
+    except json.JSONDecodeError as error:
+        raise DetsweepError(f"{path}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    if not isinstance(data, dict) or not data.get("trials"):
+        raise DetsweepError(f"{path}: found no trials, expected {{\"paths\": [...], \"trials\": [...]}}")
+    return data.get("paths"), [(trial.get("config") or {}, trial.get("reports") or []) for trial in data["trials"]]
+
+
+def _from_experiment(name: str, sweep: Sweep, metrics: list[str]) -> tuple[list[str], list[tuple[dict, list]]]:
+    from mlflow import MlflowClient
+
+    from detsweep.tracking import resolve_backend
+    from detsweep.tracking.backend import check_readable
+    from detsweep.tracking.best import recorded_curves
+
+    backend = resolve_backend(sweep.base.tracking)
+    check_readable(backend)
+    paths, trials = recorded_curves(MlflowClient(backend.uri), name, backend, metrics)
+    if not trials:
+        raise DetsweepError(f"experiment {name!r} at {backend.uri}: no trial trained its whole budget, "
+                            f"expected full learning curves (a FIFO sweep's) to replay")
+    return paths, trials
 
 
 class _Timeline(tune.Callback):

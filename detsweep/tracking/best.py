@@ -89,6 +89,36 @@ def rank_trials(client, name: str, backend: Backend, metric: str | None = None, 
     return Ranking(name, backend.uri, metric, mode, [sweep.info.run_id for sweep in sweeps], ranked)
 
 
+def recorded_curves(client, name: str, backend: Backend, metrics: list[str]) -> tuple[list[str], list[tuple[dict, list]]]:
+    """The experiment's swept paths, and for every trial that trained its whole budget
+    (``train.num_steps``), its swept values and the histories of ``metrics`` merged by step:
+    learning curves to replay. A trial stopped early or failed has no full curve: left out."""
+    experiment = find_experiment(client, name, backend)
+    paths = sorted({key.removeprefix("space.") for sweep in sweep_runs(client, experiment.experiment_id)
+                    for key in sweep.data.params if key.startswith("space.")})
+    trials = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'trial'",
+                                max_results=5000)
+    curves = []
+    for run in trials:
+        by_step: dict[int, dict[str, float]] = {}
+        for metric in metrics:
+            for point in client.get_metric_history(run.info.run_id, metric):
+                by_step.setdefault(point.step, {"step": point.step})[metric] = point.value
+        budget = run.data.params.get("train.num_steps")
+        if by_step and budget and max(by_step) >= int(budget):
+            swept = {path: _typed(value) for path, value in _swept(run, set(paths)).items()}
+            curves.append((swept, [by_step[step] for step in sorted(by_step)]))
+    return paths, curves
+
+
+def _typed(value: Any) -> Any:
+    """A param as it was swept: MLflow keeps params as text."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
 def _value(run, metric: str) -> float | None:
     value = run.data.metrics.get(metric)
     return None if value is None or math.isnan(value) else value
