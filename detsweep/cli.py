@@ -115,7 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("sweep", help="the sweep file whose search settings to replay")
     _overrides_argument(replay, "override the sweep, e.g. --set search.scheduler.grace_period=40")
     replay.add_argument("--seeds", type=int, default=1, help="replay with this many seeds from the sweep's own (default 1)")
-    replay.add_argument("--json", action="store_true", help="print one JSON object: every seed's run, median, min, max")
+    replay.add_argument("--signal", action="store_true",
+                        help="also show each metric's rank correlation with the final objective, by step")
+    replay.add_argument("--json", action="store_true",
+                        help="print one JSON object: every seed's run, median, min, max, and the early signal")
 
     best = add_command(commands, "best", best_command, "rank a sweep's trials from MLflow (no Ray results folder needed)")
     best.add_argument("experiment", help="the sweep's name (its MLflow experiment) or its sweep file")
@@ -299,8 +302,22 @@ def replay_command(args: argparse.Namespace) -> int:
     ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     with console.working(f"replaying {args.sweep} on {len(curves.configs)} recorded trials, {args.seeds} seed(s)"):
         report = replay(sweep, curves, args.seeds)
-    print(json.dumps(report) if args.json else format_replay(report), file=out, flush=True)
+    text = format_replay(report) + ("\n" + format_signal(report) if args.signal else "")
+    print(json.dumps(report) if args.json else text, file=out, flush=True)
     return 0
+
+
+def format_signal(report: dict[str, Any], columns: int = 10) -> str:
+    """The early-signal table: a row per metric, at most ``columns`` steps spread over the budget."""
+    steps = sorted({step for by_step in report["early_signal"].values() for step in by_step})
+    shown = [steps[round(i * (len(steps) - 1) / (columns - 1))] for i in range(columns)] if len(steps) > columns else steps
+    shown = sorted(set(shown))
+    lines = [f"rank correlation (Spearman) with the final {report['metric']}, by step:",
+             f"{'metric':<28}" + "".join(f"{step:>8}" for step in shown)]
+    for metric, by_step in report["early_signal"].items():
+        cells = [by_step.get(step) for step in shown]
+        lines.append(f"{metric:<28}" + "".join(f"{'-' if cell is None else format(cell, '.2f'):>8}" for cell in cells))
+    return "\n".join(lines)
 
 
 def format_replay(report: dict[str, Any]) -> str:

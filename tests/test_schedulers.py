@@ -115,11 +115,18 @@ def test_replay_spends_the_steps_a_hand_computation_gives_and_returns_that_trial
     assert (run["returned"], run["regret"], report["best_recorded"]) == (0.5, pytest.approx(0.1), 0.6)
     assert run["steps_until_returned_seen"] == 60 and run["nearest"] == 0
     assert report["median"]["steps"] == 70
-    shown = run_cli("replay", curves_file(write), str(sweep.path), "--set", "search.scheduler.type=fifo",
+    # AP's early ranks against the final ones, by hand: 1 - 6 x 6 / (4 x 15) at step 10; with ties
+    # sharing ranks, 0.5 / sqrt(4.5 x 5) at 20 and 3 / sqrt(4.5 x 5) at 30; 1 at the end. The loss,
+    # constant per trial and ranked unlike the final AP, says nothing
+    signal = report["early_signal"]
+    assert signal["eval/AP_best"] == pytest.approx({"10": 0.4, "20": 0.5 / 22.5 ** 0.5, "30": 3 / 22.5 ** 0.5, "40": 1.0})
+    assert signal["train/loss"] == pytest.approx({"10": 0.0, "20": 0.0, "30": 0.0, "40": 0.0})
+    shown = run_cli("replay", curves_file(write), str(sweep.path), "--signal", "--set", "search.scheduler.type=fifo",
                     "--set", "search.scheduler.metric=null", "--set", "search.scheduler.mode=null", timeout=300)
     assert shown.returncode == 0, shown.stderr[-3000:]  # FIFO: every step, and the best at the end
     assert "share of FIFO's steps" in shown.stdout and " 100% " in shown.stdout
     assert re.search(r"regret against the best recorded +0 +0 +0", shown.stdout), shown.stdout
+    assert re.search(r"\neval/AP_best +0\.40 +0\.11 +0\.\d\d +1\.00\n", shown.stdout), shown.stdout
 
 
 def test_replay_refuses_curves_that_do_not_match_the_sweep_in_one_line(write, tmp_path):

@@ -171,6 +171,46 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
             "nearest": sum(1 for result in results if not result.metrics.get("exact", 1))}
 
 
+def average_ranks(values: list[float]) -> list[float]:
+    """1 for the smallest; tied values share the mean of their ranks."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            ranks[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (Pearson's on average ranks); None when either side is constant."""
+    rx, ry = average_ranks(xs), average_ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else None
+
+
+def early_signal(curves: Curves, objective: str) -> dict[str, dict[int, float | None]]:
+    """For every recorded metric at every step all trials reported it: its rank correlation
+    with the trials' final ``objective``. A rung on a metric ranks real signal where it is
+    far from 0 (negative for a loss against AP)."""
+    finals = [curves.final(index, objective) for index in range(len(curves.configs))]
+    at: dict[str, dict[int, list[float]]] = {}
+    for reports in curves.reports:
+        for report in reports:
+            for metric, value in report.items():
+                if metric != "step" and isinstance(value, (int, float)):
+                    at.setdefault(metric, {}).setdefault(int(report["step"]), []).append(float(value))
+    return {metric: {step: spearman(values, finals) for step, values in sorted(steps.items())
+                     if len(values) == len(finals)}
+            for metric, steps in sorted(at.items())}
+
+
 def replay(sweep: Sweep, curves: Curves, seeds: int = 1, tick_s: float = TICK_S) -> dict[str, Any]:
     """``replay_once`` for ``seeds`` seeds from the sweep's own; their median, min and max."""
     first = sweep.search.seed or 0
@@ -181,4 +221,4 @@ def replay(sweep: Sweep, curves: Curves, seeds: int = 1, tick_s: float = TICK_S)
     return {"sweep": str(sweep.path), "recorded_trials": len(curves.configs), "metric": sweep.search.metric,
             "best_recorded": (max if sweep.search.mode == "max" else min)(
                 curves.final(index, sweep.search.metric) for index in range(len(curves.configs))),
-            "runs": runs, **summary}
+            "runs": runs, **summary, "early_signal": early_signal(curves, sweep.search.metric)}
