@@ -17,6 +17,7 @@ from .backend import Backend
 from .trial_run import BEST_STEP_TAG, ROLE_TAG, TRIAL_TAG
 
 CHECKPOINT_ARTIFACT = "checkpoints/best"
+CURVE_METRICS = ("train/", "eval/", "eval_ema/")  # what a learning curve holds (not hparams/, system/, cost/)
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,9 @@ def rank_trials(client, name: str, backend: Backend, metric: str | None = None, 
 
 def recorded_curves(client, name: str, backend: Backend, metrics: list[str]) -> tuple[list[str], list[tuple[dict, list]]]:
     """The experiment's swept paths, and for every trial that trained its whole budget
-    (``train.num_steps``), its swept values and the histories of ``metrics`` merged by step:
-    learning curves to replay. A trial stopped early or failed has no full curve: left out."""
+    (``train.num_steps``), its swept values and the histories of ``metrics`` and of every
+    training and evaluation metric, merged by step: learning curves to replay. A trial stopped
+    early or failed has no full curve: left out."""
     experiment = find_experiment(client, name, backend)
     paths = sorted({key.removeprefix("space.") for sweep in sweep_runs(client, experiment.experiment_id)
                     for key in sweep.data.params if key.startswith("space.")})
@@ -101,7 +103,7 @@ def recorded_curves(client, name: str, backend: Backend, metrics: list[str]) -> 
     curves = []
     for run in trials:
         by_step: dict[int, dict[str, float]] = {}
-        for metric in metrics:
+        for metric in sorted(set(metrics) | {key for key in run.data.metrics if key.startswith(CURVE_METRICS)}):
             for point in client.get_metric_history(run.info.run_id, metric):
                 by_step.setdefault(point.step, {"step": point.step})[metric] = point.value
         budget = run.data.params.get("train.num_steps")
