@@ -17,7 +17,6 @@ A curves file (JSON) holds the swept paths and, per recorded configuration, its 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 import tempfile
@@ -50,6 +49,10 @@ class Curves:
     def final(self, index: int, metric: str) -> float:
         """The metric's last recorded value: what the configuration scores at its full budget."""
         return [report[metric] for report in self.reports[index] if metric in report][-1]
+
+    def best_final(self, metric: str, mode: str) -> float:
+        """The best full-budget value of ``metric`` among the recorded configurations."""
+        return (max if mode == "max" else min)(self.final(index, metric) for index in range(len(self.configs)))
 
     def nearest(self, values: dict[str, Any]) -> int:
         """The recorded configuration closest to ``values`` (log scale for positive numbers)."""
@@ -96,12 +99,9 @@ def load_curves(source: str, sweep: Sweep) -> Curves:
 
 
 def _from_file(path: Path) -> tuple[list[str], list[tuple[dict, list]]]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DetsweepError(f"{path}: file not found") from None
-    except json.JSONDecodeError as error:
-        raise DetsweepError(f"{path}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    from detsweep.evaluation.files import read_json
+
+    data = read_json(str(path))
     if not isinstance(data, dict) or not data.get("trials"):
         raise DetsweepError(f"{path}: found no trials, expected {{\"paths\": [...], \"trials\": [...]}}")
     return data.get("paths"), [(trial.get("config") or {}, trial.get("reports") or []) for trial in data["trials"]]
@@ -162,7 +162,7 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
     trials = [(result.metrics["curve"], result.metrics, timeline.first_seen.get(result.metrics["trial_id"], 0))
               for result in results]
     returned = better(trials, key=lambda trial: trial[1][metric])  # ranked by the last value, as the sweep ranks
-    best = better(curves.final(index, metric) for index in range(len(curves.configs)))
+    best = curves.best_final(metric, mode)
     spent = sum(int(trial[1]["step"]) for trial in trials)
     fifo = sum(int(curves.reports[trial[0]][-1]["step"]) for trial in trials)
     chosen = curves.final(returned[0], metric)
@@ -219,6 +219,5 @@ def replay(sweep: Sweep, curves: Curves, seeds: int = 1, tick_s: float = TICK_S)
     summary = {name: {key: function([run[key] for run in runs]) for key in keys}
                for name, function in (("median", statistics.median), ("min", min), ("max", max))}
     return {"sweep": str(sweep.path), "recorded_trials": len(curves.configs), "metric": sweep.search.metric,
-            "best_recorded": (max if sweep.search.mode == "max" else min)(
-                curves.final(index, sweep.search.metric) for index in range(len(curves.configs))),
+            "best_recorded": curves.best_final(sweep.search.metric, sweep.search.mode),
             "runs": runs, **summary, "early_signal": early_signal(curves, sweep.search.metric)}

@@ -74,16 +74,10 @@ class Ranking:
 
 def rank_trials(client, name: str, backend: Backend, metric: str | None = None, mode: str | None = None) -> Ranking:
     """Every trial run of the experiment, ranked by ``metric`` (default: the latest sweep's)."""
-    experiment = find_experiment(client, name, backend)
-    sweeps = sweep_runs(client, experiment.experiment_id)
+    sweeps, swept_paths, trials = _sweeps_and_trials(client, name, backend)
     latest = sweeps[0].data.params if sweeps else {}
     metric = metric or latest.get("search.metric", "eval/AP_best")
     mode = mode or latest.get("search.mode", "max")
-    swept_paths = {key.removeprefix("space.") for sweep in sweeps for key in sweep.data.params if key.startswith("space.")}
-    trials = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'trial'",
-                                max_results=5000)
-    if not trials:
-        raise DetsweepError(f"experiment {name!r} at {backend.uri}: no trial runs (has a sweep of it run yet?)")
     ranked = [RankedTrial(run, _value(run, metric), _swept(run, swept_paths)) for run in trials]
     sign = -1.0 if mode == "max" else 1.0
     ranked.sort(key=lambda row: (row.value is None, sign * row.value if row.value is not None else 0.0))
@@ -95,22 +89,35 @@ def recorded_curves(client, name: str, backend: Backend, metrics: list[str]) -> 
     (``train.num_steps``), its swept values and the histories of ``metrics`` and of every
     training and evaluation metric, merged by step: learning curves to replay. A trial stopped
     early or failed has no full curve: left out."""
-    experiment = find_experiment(client, name, backend)
-    paths = sorted({key.removeprefix("space.") for sweep in sweep_runs(client, experiment.experiment_id)
-                    for key in sweep.data.params if key.startswith("space.")})
-    trials = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'trial'",
-                                max_results=5000)
+    _, paths, trials = _sweeps_and_trials(client, name, backend)
     curves = []
     for run in trials:
-        by_step: dict[int, dict[str, float]] = {}
-        for metric in sorted(set(metrics) | {key for key in run.data.metrics if key.startswith(CURVE_METRICS)}):
-            for point in client.get_metric_history(run.info.run_id, metric):
-                by_step.setdefault(point.step, {"step": point.step})[metric] = point.value
+        first = client.get_metric_history(run.info.run_id, metrics[0])
         budget = run.data.params.get("train.num_steps")
-        if by_step and budget and max(by_step) >= int(budget):
-            swept = {path: _typed(value) for path, value in _swept(run, set(paths)).items()}
-            curves.append((swept, [by_step[step] for step in sorted(by_step)]))
-    return paths, curves
+        if not (budget and first and max(point.step for point in first) >= int(budget)):
+            continue  # stopped early or failed: read no more of it
+        others = {key for key in run.data.metrics if key.startswith(CURVE_METRICS)} | set(metrics[1:])
+        histories = {metrics[0]: first} | {metric: client.get_metric_history(run.info.run_id, metric)
+                                           for metric in sorted(others - {metrics[0]})}
+        by_step: dict[int, dict[str, float]] = {}
+        for metric, points in histories.items():
+            for point in points:
+                by_step.setdefault(point.step, {"step": point.step})[metric] = point.value
+        swept = {path: _typed(value) for path, value in _swept(run, set(paths)).items()}
+        curves.append((swept, [by_step[step] for step in sorted(by_step)]))
+    return sorted(paths), curves
+
+
+def _sweeps_and_trials(client, name: str, backend: Backend) -> tuple[list, set[str], list]:
+    """The experiment's sweep runs (the latest first), the paths they swept, and its trial runs."""
+    experiment = find_experiment(client, name, backend)
+    sweeps = sweep_runs(client, experiment.experiment_id)
+    paths = {key.removeprefix("space.") for sweep in sweeps for key in sweep.data.params if key.startswith("space.")}
+    trials = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'trial'",
+                                max_results=5000)
+    if not trials:
+        raise DetsweepError(f"experiment {name!r} at {backend.uri}: no trial runs (has a sweep of it run yet?)")
+    return sweeps, paths, trials
 
 
 def _typed(value: Any) -> Any:
