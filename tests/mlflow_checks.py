@@ -57,7 +57,7 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
             assert held == pytest.approx(trial["cost"]["cost/cpu_hours"]) and 0 < held < 1, (held, trial["cost"])
         assert run.data.metrics["cost/gpu_hours"] == 0.0  # no GPU here
         contexts = {i.tags[0].value for i in run.inputs.dataset_inputs}  # the runs table's Dataset column
-        assert contexts == {"training", "validation"}, contexts
+        assert contexts == {"training", "validation"}, (trial["trial_id"], contexts)
         if system_metrics and trial["metrics"].get("step"):  # MLflow's, from the node its worker ran on
             usage = client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
             assert usage and all(0 <= m.value <= 100 for m in usage), usage

@@ -360,6 +360,38 @@ def test_a_trials_datasets_are_its_runs_inputs_with_a_digest_that_follows_the_da
         ("synthetic-3c-128px-seed2", "mlflow.data.context", "validation")}
 
 
+def test_a_run_whose_opening_failed_halfway_gets_its_config_and_datasets_on_the_retry(tmp_path, monkeypatch):
+    """The server fails once after the run is made (a sqlite file locked by another trial, a
+    server restarting): the writer's retry must not take the run it just made for a resumed
+    trial's and skip the rest. The failure is injected into a real client; the rest is real."""
+    from mlflow import MlflowClient
+
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+
+    calls: list[str] = []
+    log_inputs = MlflowClient.log_inputs
+
+    def fails_once(client, *args, **kwargs):
+        calls.append("log_inputs")
+        if len(calls) == 1:
+            raise ConnectionError("the server went away")
+        return log_inputs(client, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_inputs", fails_once)
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
+    run = TrialRun(link, "t_00002", "trial_t_00002", sweep.base, {}, "eval/AP_best", "max")
+    assert run.close() is None and calls == ["log_inputs", "log_inputs"]  # failed, then retried
+    client = MlflowClient(backend.uri)
+    [found] = client.search_runs([link.experiment_id], filter_string="tags.`detsweep.trial_id` = 't_00002'")
+    assert found.info.run_id == run.run_id
+    assert {i.tags[0].value for i in found.inputs.dataset_inputs} == {"training", "validation"}
+    assert found.data.params["train.num_steps"] == str(sweep.base.train.num_steps)
+    assert "config.yaml" in {a.path for a in client.list_artifacts(run.run_id)}
+
+
 def test_writes_lost_to_a_server_that_stays_away_past_a_trials_end_are_listed_in_its_log(tmp_path, caplog):
     """The README's promise: what could not be written is the run's ``detsweep.lost_writes`` tag
     when the server is back by the trial's end, and, while it is still away, a line of the

@@ -90,6 +90,7 @@ class TrialRun:
         self.tags = {TRIAL_TAG: trial_id, ROLE_TAG: "trial"} | ({PARENT_TAG: link.parent_run_id} if link.parent_run_id else {})
         self.tags |= tags or {}
         self.run_id: str | None = None
+        self.reopened = False  # the run was found: a resumed trial's
         self.opened = threading.Event()  # run_id is known
         self.last_step = -1
         self.replayed = ReplayedSteps()
@@ -106,24 +107,37 @@ class TrialRun:
         self.writer.submit("the swept values", lambda: self._log_metrics(start_step, numeric, force=True))
 
     def _open(self) -> None:
+        """Finds the trial's run (a resumed trial) or makes it. A retry after a partial failure
+        goes on from where the last attempt stopped: a run this object made is never taken for
+        a resumed one, and its config and datasets are still written."""
+        if self.run_id is None:
+            run = find_trial_run(self.client, self.link, self.trial_id)
+            if run is not None:
+                self._reopen(run)
+                return
+            self.run_id = self.client.create_run(self.link.experiment_id, run_name=self.trial_name,
+                                                 tags=self.tags).info.run_id
+            self.opened.set()
+        elif self.reopened:
+            return
+        self._log_config()
+
+    def _reopen(self, run) -> None:
+        self.run_id, self.reopened = run.info.run_id, True
+        self.client.update_run(self.run_id, status="RUNNING")
+        history = self.client.get_metric_history(self.run_id, "train/loss")
+        self.last_step = max((m.step for m in history), default=-1)
+        self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
+        failures = run.data.tags.get(WORKER_FAILURES_TAG)
+        self.worker_failures = int(failures.split(":")[0]) if failures else 0
+        best = run.data.tags.get("detsweep.best_value")
+        self.best = float(best) if best is not None else None
+        self.opened.set()
+
+    def _log_config(self) -> None:
+        """Params, ``config.yaml`` and the dataset inputs; each is the same when written twice."""
         from mlflow.entities import Param
 
-        run = find_trial_run(self.client, self.link, self.trial_id)
-        if run is not None:
-            self.run_id = run.info.run_id
-            self.client.update_run(self.run_id, status="RUNNING")
-            history = self.client.get_metric_history(self.run_id, "train/loss")
-            self.last_step = max((m.step for m in history), default=-1)
-            self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
-            failures = run.data.tags.get(WORKER_FAILURES_TAG)
-            self.worker_failures = int(failures.split(":")[0]) if failures else 0
-            best = run.data.tags.get("detsweep.best_value")
-            self.best = float(best) if best is not None else None
-            self.opened.set()
-            return
-        run = self.client.create_run(self.link.experiment_id, run_name=self.trial_name, tags=self.tags)
-        self.run_id = run.info.run_id
-        self.opened.set()
         params = [Param(k, v) for k, v in flatten(self.config.model_dump(mode="json")).items()]
         for start in range(0, len(params), MAX_PARAMS_PER_CALL):
             self.client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_CALL])
