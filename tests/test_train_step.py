@@ -1,5 +1,7 @@
 """The train step's contract: one trace for all loops, the strategy that `scaling` asks for."""
 
+import numpy as np
+import pytest
 import tensorflow as tf
 
 from detsweep.config import ScalingConfig, load_trial_config
@@ -57,3 +59,63 @@ def test_use_tpu_builds_a_tpu_strategy_mocked_tpu_resolver(monkeypatch):
     kind, resolver = strategy_module.make_strategy(ScalingConfig(use_tpu=True))
     assert kind == "TPUStrategy" and isinstance(resolver, FakeResolver)
     assert [name for name, _ in calls] == ["connect", "init"]
+
+
+REPLICA_SCRIPT = r'''
+import json, sys
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from detsweep.config import load_trial_config
+from detsweep.data import load_dataset
+from detsweep.data.pipeline import training_dataset
+from detsweep.data.processing import InputSpec
+from detsweep.train.checkpoint import build_training_state
+from detsweep.train.step import make_train_loop
+
+config = load_trial_config(sys.argv[1], sys.argv[2:])
+train_set = load_dataset(config.data.train, verify=False)
+images, targets = next(iter(training_dataset(train_set, InputSpec(128), config.data.augmentation, 4, seed=0)))
+# the same 4 images on each replica: their gradients agree, so N replicas must step as one device
+batch = (tf.concat([images, images], 0), {k: tf.concat([v, v], 0) for k, v in targets.items()})
+found = {}
+for devices in (["/cpu:0"], ["/cpu:0", "/cpu:1"]):
+    strategy = tf.distribute.MirroredStrategy(devices)
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        state, losses = build_training_state(config, 3)
+    before = [w.numpy().copy() for w in state.model.trainable_weights]
+    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch).repeat()))
+    result = make_train_loop(strategy, state.model, losses, state.optimizer, None, state.step)(batches, tf.constant(1))
+    update = np.concatenate([(w.numpy() - b).ravel() for w, b in zip(state.model.trainable_weights, before)])
+    found[len(devices)] = {"loss": float(result["loss"]), "box_loss": float(result["box_loss"]),
+                           "update_norm": float(np.linalg.norm(update)), "update": update[::97].tolist()}
+print(json.dumps(found))
+'''
+
+
+def test_two_replicas_step_as_one_device_on_the_same_global_batch_with_and_without_clipping():
+    """Two logical CPU devices stand in for two GPUs (or two workers): the same global batch must
+    give the same loss and the same update as one device. Keras sums the replicas' gradients and,
+    for a "sum" loss, does not divide by the replica count; nor does it clip after the sum."""
+    import json
+    import sys
+
+    from .conftest import run_bounded
+
+    found = {}
+    for clip in (10.0, 0.0):  # the quickstart's clipping bites at the first step (see the norms)
+        overrides = ["data.augmentation.random_horizontal_flip=0", "optimizer.use_moving_average=false",
+                     "optimizer.learning_rate.warmup_steps=0", f"train.gradient_clipping_by_norm={clip}"]
+        result = run_bounded([sys.executable, "-c", REPLICA_SCRIPT, str(REPO / "configs" / "quickstart.yaml"),
+                              *overrides], timeout=300, cwd=REPO)
+        assert result.returncode == 0, result.stderr[-3000:]
+        one, two = json.loads(result.stdout.splitlines()[-1]).values()
+        for key in ("loss", "box_loss", "update_norm"):
+            assert two[key] == pytest.approx(one[key], rel=1e-3), (clip, key, one[key], two[key])
+        apart = np.linalg.norm(np.subtract(two["update"], one["update"])) / np.linalg.norm(one["update"])
+        assert apart < 1e-2, (clip, apart)  # the same direction too, up to float sums in another order
+        found[clip] = one["update_norm"]
+    lr = 0.04  # the quickstart's base rate, no warm-up: the first momentum step is lr × the gradient
+    assert found[10.0] == pytest.approx(lr * 10.0, rel=1e-3) and found[10.0] < found[0.0]  # clipped to 10, from more

@@ -90,9 +90,10 @@ class RetinaNetLosses:
     anchors), computed term by term.
 
     ``RetinaNetObjectDetector.compute_loss`` returns only the sum; a sweep wants both terms.
-    The targets come from the detector's own label encoder, the losses are Keras losses with
-    ``reduction="sum"``, which under ``tf.distribute`` scale themselves by the number of
-    replicas, so summed gradients average over the global batch.
+    The targets come from the detector's own label encoder; the losses are Keras losses with
+    ``reduction="sum"``, normalised by the batch's positive anchors. They are one batch's
+    loss: under ``tf.distribute`` the train step divides each replica's by the replica count
+    (Keras does not for a ``"sum"`` reduction).
     """
 
     def __init__(self, detector: keras_hub.models.RetinaNetObjectDetector, config: ModelConfig):

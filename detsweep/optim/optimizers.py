@@ -11,17 +11,20 @@ from .schedules import build_schedule
 
 def build_optimizer(
     config: OptimizerConfig, *, clip_norm: float = 0.0, mixed_precision: str = "float32",
-    schedule: keras.optimizers.schedules.LearningRateSchedule | None = None,
+    schedule: keras.optimizers.schedules.LearningRateSchedule | None = None, replicas: int = 1,
 ) -> keras.optimizers.Optimizer:
     """A Keras optimizer with the config's schedule (``schedule``, when the caller keeps it to
     report the rate), clipping and (for float16) dynamic loss scaling.
 
     Clipping by global norm is done by the optimizer (``global_clipnorm``), which under
-    loss scaling happens after the gradients are unscaled, as it must.
+    loss scaling happens after the gradients are unscaled, as it must. Under ``tf.distribute``
+    Keras clips each replica's gradients before it sums them over the ``replicas``: each is
+    clipped to ``clip_norm / replicas``, so the summed update never exceeds ``clip_norm`` and
+    equals one device's when the replicas' gradients agree, whatever the replica count.
     """
     common = {"learning_rate": schedule or build_schedule(config.learning_rate)}
     if clip_norm > 0:
-        common["global_clipnorm"] = clip_norm
+        common["global_clipnorm"] = clip_norm / replicas
     optimizer = _make(config, common)
     if mixed_precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

@@ -60,7 +60,8 @@ def build_training_state(config: TrialConfig, num_classes: int) -> tuple[Trainin
     model, losses = build_model(config.model, num_classes)
     train = config.train
     schedule = build_schedule(config.optimizer.learning_rate)
-    optimizer = build_optimizer(config.optimizer, clip_norm=train.gradient_clipping_by_norm,
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync  # called under the strategy's scope
+    optimizer = build_optimizer(config.optimizer, clip_norm=train.gradient_clipping_by_norm, replicas=replicas,
                                 mixed_precision=train.mixed_precision, schedule=schedule)
     optimizer.build(model.trainable_variables)
     moving_average = MovingAverage.from_config(model, config.optimizer)

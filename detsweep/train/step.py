@@ -28,14 +28,18 @@ def make_train_loop(
 ) -> Callable[[Iterator, tf.Tensor], dict[str, tf.Tensor]]:
     """``loop(batches, num_steps)`` → mean loss terms over the steps run, ``steps_run`` and ``finite``."""
     scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    replicas = strategy.num_replicas_in_sync
 
     def replica_step(images, targets):
         with tf.GradientTape() as tape:
             predictions = model(images, training=True)
-            terms = losses(images, targets, predictions)
+            # Each replica's share of the global batch's loss: summed over replicas it is the
+            # mean, and the optimizer's summed gradients average over the global batch, as the
+            # OD API's (Keras scales only its "mean" reductions by the replica count, not "sum").
+            terms = {k: v / replicas for k, v in losses(images, targets, predictions).items()}
             loss = terms["box"] + terms["classification"]
-            if model.losses:  # weight decay written as layer regularisers, split across replicas
-                loss += tf.add_n(model.losses) / strategy.num_replicas_in_sync
+            if model.losses:  # weight decay written as layer regularisers
+                loss += tf.add_n(model.losses) / replicas
             scaled = optimizer.scale_loss(loss) if scales_loss else loss
         gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply(gradients, model.trainable_variables)
