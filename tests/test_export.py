@@ -61,9 +61,9 @@ def evaluation(checkpoint) -> tuple[DetectionSet, dict[str, list[dict]]]:
     trained = load_trained_model(checkpoint)
     val_set = load_dataset(trained.config.data.val)
     evaluator = Evaluator(trained.model, val_set, InputSpec(trained.config.model.image_size), batch_size=8)
-    detections = {"eval": evaluator.detect_all()}
+    detections = {"eval": evaluator.detect_all()[0]}
     with trained.moving_average.averaged_weights():
-        detections["eval_ema"] = evaluator.detect_all()
+        detections["eval_ema"] = evaluator.detect_all()[0]
     return val_set, detections
 
 

@@ -147,7 +147,7 @@ def test_a_finished_experiments_full_curves_replay_as_the_file_does(local_ray, w
     stopped early, which has no full curve to replay): read back from the experiment, they
     replay to the figures the curves file gives."""
     from detsweep.sweeps.experiment import as_run
-    from detsweep.sweeps.replay import load_curves, replay_once
+    from detsweep.sweeps.replay import curves_file, load_curves, replay_once
     from detsweep.tracking import TrialRun, open_sweep_run, resolve_backend
 
     monkeypatch.chdir(tmp_path)  # MLflow's embedded default: mlflow.db here
@@ -164,3 +164,8 @@ def test_a_finished_experiments_full_curves_replay_as_the_file_does(local_ray, w
         for rate, (loss, aps) in HAND_MADE.items())
     run = replay_once(sweep, curves, seed=0)
     assert (run["steps"], run["fifo_steps"], run["returned"], run["steps_until_returned_seen"]) == (70, 160, 0.5, 60)
+    # written as a curves file (bench/record_curves.py does), they read back the same
+    saved = tmp_path / "curves.json"
+    saved.write_text(json.dumps(curves_file(curves, "today, here", sweep="sweep.yaml")))
+    assert load_curves(str(saved), sweep) == curves
+    assert json.loads(saved.read_text())["recorded"] == "today, here"

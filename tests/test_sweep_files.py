@@ -111,7 +111,7 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
 @pytest.mark.parametrize("search, overrides, expected", [
     ("  metric: eval/APP\n", [],
      "search.metric: found 'eval/APP', expected a metric training reports: train/loss, train/box_loss, "),
-    ("  metric: eval/APP\n", [], "eval_ema/AR100, eval/AP_best (did you mean 'eval/AP'?)"),
+    ("  metric: eval/APP\n", [], "eval_ema/classification_loss, eval/AP_best (did you mean 'eval/AP'?)"),
     ("  metric: eval_ema/AP\n", ["base.optimizer.use_moving_average=false"], "search.metric: found 'eval_ema/AP'"),
     ("  scheduler: {type: asha, grace_period: 100}\n", ["base.train.num_steps=40"],
      "search.scheduler.grace_period: found 100, expected fewer steps than base.train.num_steps (40): ASHA could never stop a trial"),

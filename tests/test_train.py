@@ -66,6 +66,11 @@ def test_loss_goes_down_and_every_loop_is_reported(tmp_path):
         assert key in recorder.reports[-1], key
     best = recorder.reports[-1]
     assert best["eval/AP_best"] == max(best["eval/AP"], best["eval_ema/AP"])
+    # the val set's loss, with the training's loss function: it goes down as the training's does
+    first, last = recorder.reports[0], recorder.reports[-1]
+    for weights in ("eval", "eval_ema"):
+        assert last[f"{weights}/loss"] < 0.75 * first[f"{weights}/loss"], (first[f"{weights}/loss"], last[f"{weights}/loss"])
+        assert last[f"{weights}/loss"] == pytest.approx(last[f"{weights}/box_loss"] + last[f"{weights}/classification_loss"])
     assert set(best) - {"step"} == set(reported_metrics(short_config()))  # what a sweep may rank by, exactly
     assert [p.name for p in recorder.checkpoints] == ["step_10", "step_20", "step_30"]
     # The first report says where the start-up time went (the loop marks the phases, the caller

@@ -6,8 +6,8 @@ import tensorflow as tf
 
 from detsweep.config import ScalingConfig, load_trial_config
 from detsweep.data import load_dataset
-from detsweep.data.pipeline import training_dataset
-from detsweep.data.processing import InputSpec
+from detsweep.data.pipeline import evaluation_dataset, training_dataset
+from detsweep.data.processing import InputSpec, raw_predictions
 from detsweep.models import build_model
 from detsweep.optim import MovingAverage, build_optimizer
 from detsweep.train import strategy as strategy_module
@@ -61,6 +61,29 @@ def test_use_tpu_builds_a_tpu_strategy_mocked_tpu_resolver(monkeypatch):
     assert [name for name, _ in calls] == ["connect", "init"]
 
 
+def test_the_val_sets_loss_is_the_training_loss_of_its_images_and_the_filler_copies_weigh_nothing():
+    """10 val images in batches of 8: the second batch is 2 images and 6 filler copies. The
+    evaluator's loss must be the training loss of the first 8 and of the last 2, each batch
+    normalised by its own positives, weighed 8 : 2."""
+    config = load_trial_config(REPO / "configs" / "quickstart.yaml", ["data.val.num_images=10"])
+    val_set = load_dataset(config.data.val, verify=False)
+    spec = InputSpec(config.model.image_size)
+    model, losses = build_model(config.model, 3)
+    evaluator = Evaluator(model, val_set, spec, batch_size=8, losses=losses)
+    _, found = evaluator.detect_all()
+    images, meta = next(iter(evaluation_dataset(val_set, spec, batch_size=10)))  # all 10, no filler
+    predictions = raw_predictions(model, images)
+    expected = {}
+    for part, weight in ((slice(0, 8), 0.8), (slice(8, 10), 0.2)):
+        terms = losses(images[part], {k: meta[k][part] for k in ("boxes", "labels")},
+                       {k: v[part] for k, v in predictions.items()})
+        for name, value in (("box_loss", terms["box"]), ("classification_loss", terms["classification"])):
+            expected[name] = expected.get(name, 0.0) + weight * float(value)
+    assert not model.losses  # no weight decay in the quickstart: the loss is the two terms
+    expected["loss"] = expected["box_loss"] + expected["classification_loss"]
+    assert found == pytest.approx(expected, rel=1e-4)
+
+
 REPLICA_SCRIPT = r'''
 import json, sys
 import numpy as np, tensorflow as tf
@@ -69,8 +92,8 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras
 from detsweep.config import load_trial_config
 from detsweep.data import load_dataset
-from detsweep.data.pipeline import training_dataset
-from detsweep.data.processing import InputSpec
+from detsweep.data.pipeline import evaluation_dataset, training_dataset
+from detsweep.data.processing import InputSpec, raw_predictions
 from detsweep.train.checkpoint import build_training_state
 from detsweep.train.step import make_train_loop
 

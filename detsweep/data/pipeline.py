@@ -115,16 +115,19 @@ def training_dataset(
 
 
 def evaluation_dataset(dataset: DetectionSet, spec: InputSpec, batch_size: int) -> tf.data.Dataset:
-    """Every image once, in order: ``(images, {"image_id", "scale", "image_shape"})`` batches of exactly
-    ``batch_size`` (the evaluator traces one static batch shape); the last one is filled up with
-    copies of the first image whose ``image_id`` is -1."""
+    """Every image once, in order: ``(images, {"image_id", "scale", "image_shape", "boxes", "labels"})``
+    batches of exactly ``batch_size`` (the evaluator traces one static batch shape); the last one is
+    filled up with copies of the first image whose ``image_id`` is -1 and which have no boxes.
+    Boxes and labels are the training pipeline's targets (resized pixels, float labels, -1 padding)."""
     from_files = dataset.examples[0].encoded is None
     tensors = to_tensors(dataset, spec.max_boxes)
     filler = -len(dataset.examples) % batch_size
     tensors = {key: np.concatenate([column, np.repeat(column[:1], filler, axis=0)]) for key, column in tensors.items()}
-    tensors["image_id"][len(tensors["image_id"]) - filler:] = -1
+    fillers = slice(len(tensors["image_id"]) - filler, None)
+    tensors["image_id"][fillers], tensors["labels"][fillers], tensors["boxes"][fillers] = -1, -1, -1.0
     data = tf.data.Dataset.from_tensor_slices(tensors)
     data = data.map(lambda e: pad_and_normalise(decode_and_resize(e, spec, from_files), spec),
                     num_parallel_calls=tf.data.AUTOTUNE)
-    data = data.map(lambda e: (e["image"], {key: e[key] for key in ("image_id", "scale", "image_shape")}))
+    data = data.map(lambda e: (e["image"], {**{key: e[key] for key in ("image_id", "scale", "image_shape", "boxes")},
+                                            "labels": tf.cast(e["labels"], tf.float32)}))
     return data.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -47,11 +47,16 @@ def pad_and_normalise(element: dict, spec: InputSpec) -> dict:
 
 # --- the model's output → detections in the original picture ------------------------------
 
-def decoded_detections(model, images: tf.Tensor) -> dict[str, tf.Tensor]:
-    """The model's detections on model-ready ``images``: boxes in their pixels, contiguous labels."""
-    # Under mixed precision the heads emit float16; keras-hub's box decoding wants float32.
-    predictions = {k: tf.cast(v, tf.float32) for k, v in model(images, training=False).items()}
-    return model.decode_predictions(predictions, images)
+def raw_predictions(model, images: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The heads' outputs on model-ready ``images``, in float32 (under mixed precision they are
+    float16; keras-hub's box decoding and the losses want float32)."""
+    return {k: tf.cast(v, tf.float32) for k, v in model(images, training=False).items()}
+
+
+def decoded_detections(model, images: tf.Tensor, predictions: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
+    """The model's detections on model-ready ``images``: boxes in their pixels, contiguous labels.
+    ``predictions``: the heads' outputs on them, when the caller has them already."""
+    return model.decode_predictions(predictions or raw_predictions(model, images), images)
 
 
 def in_original_image(decoded: dict[str, tf.Tensor], scale: tf.Tensor, image_shape: tf.Tensor,

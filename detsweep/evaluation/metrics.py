@@ -10,15 +10,18 @@ from .coco import REPORTED
 
 # Every loop's (train/loop.py: loop_metrics).
 TRAINING = ("train/loss", "train/box_loss", "train/classification_loss", "train/lr", "train/images_per_sec")
+# Every evaluation's, beside COCO's (train/evaluate.py: the val set's loss terms).
+LOSSES = ("loss", "box_loss", "classification_loss")
 
 
 def reported_metrics(config: TrialConfig) -> list[str]:
-    """Every loop's metrics, then (with a val set) every evaluation's: the raw weights', the
-    moving average's when there is one, and ``eval/AP_best``, the better AP of the two."""
+    """Every loop's metrics, then (with a val set) every evaluation's, COCO's and the loss terms:
+    the raw weights', the moving average's when there is one, and ``eval/AP_best``, the better
+    AP of the two."""
     names = list(TRAINING)
     if config.data.val is not None:
-        names += [f"eval/{name}" for name in REPORTED]
+        names += [f"eval/{name}" for name in (*REPORTED, *LOSSES)]
         if config.optimizer.use_moving_average:
-            names += [f"eval_ema/{name}" for name in REPORTED]
+            names += [f"eval_ema/{name}" for name in (*REPORTED, *LOSSES)]
         names.append("eval/AP_best")
     return names

@@ -102,15 +102,18 @@ class RetinaNetLosses:
         self.box_loss = keras.losses.Huber(reduction="sum")
         self.classification_loss = keras.losses.BinaryFocalCrossentropy(from_logits=True, reduction="sum")
 
-    def __call__(self, images: tf.Tensor, targets: dict, predictions: dict) -> dict[str, tf.Tensor]:
+    def __call__(self, images: tf.Tensor, targets: dict, predictions: dict,
+                 image_weights: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        """``image_weights`` ``[batch]``: 0 leaves an image out (the evaluator's filler copies)."""
         detector = self.detector
         box_targets, class_targets = detector.label_encoder(
             images=images, gt_boxes=targets["boxes"], gt_classes=targets["labels"]
         )
         # As in keras-hub: -1 marks background anchors, -2 ignored ones (IoU between thresholds).
-        positives = ops.cast(ops.greater(class_targets, -1.0), "float32")
+        counted = 1.0 if image_weights is None else ops.cast(image_weights, "float32")[:, None]
+        positives = ops.cast(ops.greater(class_targets, -1.0), "float32") * counted
         normaliser = ops.maximum(ops.sum(positives), 1.0)
-        class_weights = ops.cast(ops.not_equal(class_targets, -2.0), "float32") / normaliser
+        class_weights = ops.cast(ops.not_equal(class_targets, -2.0), "float32") * counted / normaliser
         one_hot = ops.one_hot(ops.cast(class_targets, "int32"), detector.num_classes, dtype="float32")
         box = self.box_loss(box_targets, ops.cast(predictions["bbox_regression"], "float32"),
                             sample_weight=positives / normaliser)

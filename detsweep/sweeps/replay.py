@@ -98,6 +98,13 @@ def load_curves(source: str, sweep: Sweep) -> Curves:
                   [sorted(reports, key=lambda report: report["step"]) for _, reports in trials])
 
 
+def curves_file(curves: Curves, recorded: str, **about: Any) -> dict[str, Any]:
+    """``curves`` as a curves file's contents (what :func:`load_curves` reads back), with
+    ``recorded`` (when and where) and anything else worth keeping ``about`` them."""
+    return {"recorded": recorded, **about, "paths": curves.paths,
+            "trials": [{"config": config, "reports": reports} for config, reports in zip(curves.configs, curves.reports)]}
+
+
 def _from_file(path: Path) -> tuple[list[str], list[tuple[dict, list]]]:
     from detsweep.evaluation.files import read_json
 

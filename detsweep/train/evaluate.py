@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import keras
@@ -11,48 +12,75 @@ import tensorflow as tf
 
 from detsweep.data import DetectionSet
 from detsweep.data.pipeline import evaluation_dataset
-from detsweep.data.processing import InputSpec, decoded_detections, in_original_image
+from detsweep.data.processing import InputSpec, decoded_detections, in_original_image, raw_predictions
 from detsweep.evaluation import evaluate_detections, to_coco_detections
 from detsweep.evaluation.pictures import PICTURE_KEY, detections_picture
 from detsweep.optim import MovingAverage
 
 
 class Evaluator:
-    """Scores a model on one val set; the dataset and the traced detect function are built once."""
+    """Scores a model on one val set; the dataset and the traced detect function are built once.
 
-    def __init__(self, model: keras.Model, val_set: DetectionSet, spec: InputSpec, batch_size: int):
+    With ``losses`` (the training's loss terms), the same model call that gives the detections
+    also gives the val set's loss: ``eval/loss`` (with the weight decay, as ``train/loss``),
+    ``eval/box_loss`` and ``eval/classification_loss``. Each batch's is normalised by its
+    positive anchors, as in training, and batches weigh by their real images (the filler
+    copies that complete the last one weigh nothing).
+    """
+
+    def __init__(self, model: keras.Model, val_set: DetectionSet, spec: InputSpec, batch_size: int,
+                 losses: Callable | None = None):
         self.val_set = val_set
         self.ground_truth = val_set.to_coco()
         self.batches = evaluation_dataset(val_set, spec, batch_size)
+        self.with_loss = losses is not None
         category_ids = [category.id for category in val_set.categories]
         image_spec = tf.TensorSpec([batch_size, spec.image_size, spec.image_size, 3], tf.float32)
-        scale_spec, shape_spec = tf.TensorSpec([batch_size], tf.float32), tf.TensorSpec([batch_size, 2], tf.int32)
+        meta_spec = {"image_id": tf.TensorSpec([batch_size], tf.int64), "scale": tf.TensorSpec([batch_size], tf.float32),
+                     "image_shape": tf.TensorSpec([batch_size, 2], tf.int32),
+                     "boxes": tf.TensorSpec([batch_size, spec.max_boxes, 4], tf.float32),
+                     "labels": tf.TensorSpec([batch_size, spec.max_boxes], tf.float32)}
 
-        @tf.function(input_signature=[image_spec, scale_spec, shape_spec])
-        def detect(images, scale, image_shape):
-            return in_original_image(decoded_detections(model, images), scale, image_shape, category_ids)
+        @tf.function(input_signature=[image_spec, meta_spec])
+        def detect(images, meta):
+            predictions = raw_predictions(model, images)
+            decoded = decoded_detections(model, images, predictions)
+            found = in_original_image(decoded, meta["scale"], meta["image_shape"], category_ids)
+            if losses is None:
+                return found, {}
+            real = tf.cast(meta["image_id"] >= 0, tf.float32)
+            terms = losses(images, meta, predictions, image_weights=real)
+            loss = terms["box"] + terms["classification"]
+            if model.losses:
+                loss += tf.add_n(model.losses)
+            return found, {"loss": loss, "box_loss": terms["box"], "classification_loss": terms["classification"],
+                           "images": tf.reduce_sum(real)}
 
         self.detect = detect
 
-    def detect_all(self) -> list[dict]:
-        """COCO result dicts for every val image."""
-        detections = []
-        for images, meta in self.batches:
-            found = self.detect(images, meta["scale"], meta["image_shape"])
+    def detect_all(self) -> tuple[list[dict], dict[str, float]]:
+        """COCO result dicts for every val image, and (with losses) the val set's loss terms."""
+        detections, sums, images = [], {}, 0.0
+        for batch, meta in self.batches:
+            found, terms = self.detect(batch, meta)
             detections += to_coco_detections(meta["image_id"].numpy(), {k: v.numpy() for k, v in found.items()})
-        return detections
+            if terms:
+                count = float(terms.pop("images"))
+                sums = {k: sums.get(k, 0.0) + count * float(v) for k, v in terms.items()}
+                images += count
+        return detections, {k: v / images for k, v in sums.items()}
 
     def evaluate_with_average(self, moving_average: MovingAverage | None, picture: bool = False) -> dict:
         """``eval/*``, ``eval_ema/*`` when there is an average, and ``eval/AP_best``; with
         ``picture``, also ``PICTURE_KEY``: a PNG (base64) of the better weights' detections."""
-        detections = self.detect_all()
-        metrics = {f"eval/{k}": v for k, v in evaluate_detections(self.ground_truth, detections).items()}
+        detections, loss = self.detect_all()
+        metrics = {f"eval/{k}": v for k, v in (evaluate_detections(self.ground_truth, detections) | loss).items()}
         best, shown, weights = metrics["eval/AP"], detections, "raw"
         if moving_average is not None:
             with moving_average.averaged_weights():
-                averaged_detections = self.detect_all()
+                averaged_detections, averaged_loss = self.detect_all()
             averaged = evaluate_detections(self.ground_truth, averaged_detections)
-            metrics.update({f"eval_ema/{k}": v for k, v in averaged.items()})
+            metrics.update({f"eval_ema/{k}": v for k, v in (averaged | averaged_loss).items()})
             if averaged["AP"] > best:
                 best, shown, weights = averaged["AP"], averaged_detections, "moving-average"
         metrics["eval/AP_best"] = best
@@ -88,5 +116,6 @@ def evaluate_checkpoint(directory: str | Path, overrides: list[str] = (), verify
     if trained.config.data.val is None:
         raise DetsweepError(f"{directory}: the checkpoint's config has no data.val; give one with --set data.val.…")
     val_set = load_dataset(trained.config.data.val, verify=verify)
-    evaluator = Evaluator(trained.model, val_set, InputSpec(trained.config.model.image_size), batch_size=8)
+    evaluator = Evaluator(trained.model, val_set, InputSpec(trained.config.model.image_size), batch_size=8,
+                          losses=trained.losses)
     return {"step": trained.step, **evaluator.evaluate_with_average(trained.moving_average, picture=picture)}

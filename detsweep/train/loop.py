@@ -75,7 +75,8 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     # Inline, only rank 0 evaluates; the others wait for it at their next collective (a step, or
     # the report). Async, each evaluation is of a checkpoint, elsewhere, and nobody waits.
     inline = train.evaluation == "inline"
-    evaluator = Evaluator(state.model, val_set, spec, batch_size=8) if val_set and inline and context.rank == 0 else None
+    evaluator = (Evaluator(state.model, val_set, spec, batch_size=8, losses=losses)
+                 if val_set and inline and context.rank == 0 else None)
     metrics: dict[str, float] = {}
 
     while step < train.num_steps:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ class TrainedModel:
     moving_average: MovingAverage | None
     categories: list[Category]
     step: int
+    losses: Callable  # the model's loss terms (an evaluation reports them)
 
 
 def load_trained_model(directory: str | Path, overrides: list[str] = ()) -> TrainedModel:
@@ -30,8 +32,8 @@ def load_trained_model(directory: str | Path, overrides: list[str] = ()) -> Trai
     config = read_config(directory, overrides)
     meta = read_meta(directory)
     categories = [Category(c["id"], c["name"]) for c in meta["categories"]]
-    model, _ = build_model(config.model, config.model.num_classes or len(categories))
+    model, losses = build_model(config.model, config.model.num_classes or len(categories))
     moving_average = MovingAverage.from_config(model, config.optimizer)
     parts = {"model": model} | ({"moving_average": moving_average} if moving_average else {})
     tf.train.Checkpoint(**parts).read(str(directory / PREFIX)).expect_partial()
-    return TrainedModel(config, model, moving_average, categories, meta["step"])
+    return TrainedModel(config, model, moving_average, categories, meta["step"], losses)
