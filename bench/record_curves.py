@@ -40,8 +40,21 @@ def record(overrides: list[str], out: Path) -> dict:
     recorded = (f"{time.strftime('%Y-%m-%d')}, {machine()['cores']} cores, {len(report['trials'])} trials of "
                 f"{sweep.base.train.num_steps} steps in {minutes:.0f} min; {len(curves.configs)} trained their whole budget")
     contents = curves_file(curves, recorded, sweep="bench/curves_sweep.yaml", settings=overrides)
-    out.write_text(json.dumps(contents, indent=1) + "\n")
+    out.write_text(as_lines(contents))
     return contents
+
+
+def as_lines(contents: dict) -> str:
+    """JSON with one recorded trial per line (values to 6 significant digits): small, and a
+    new recording's diff reads trial by trial."""
+    def rounded(value):
+        return float(f"{value:.6g}") if isinstance(value, float) else value
+
+    trials = [json.dumps({"config": trial["config"],
+                          "reports": [{k: rounded(v) for k, v in report.items()} for report in trial["reports"]]},
+                         separators=(",", ":")) for trial in contents["trials"]]
+    head = json.dumps({k: v for k, v in contents.items() if k != "trials"}, indent=1)[:-2]
+    return head + ',\n "trials": [\n' + ",\n".join(trials) + "\n ]\n}\n"
 
 
 def main() -> None:

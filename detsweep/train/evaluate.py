@@ -33,7 +33,6 @@ class Evaluator:
         self.val_set = val_set
         self.ground_truth = val_set.to_coco()
         self.batches = evaluation_dataset(val_set, spec, batch_size)
-        self.with_loss = losses is not None
         category_ids = [category.id for category in val_set.categories]
         image_spec = tf.TensorSpec([batch_size, spec.image_size, spec.image_size, 3], tf.float32)
         meta_spec = {"image_id": tf.TensorSpec([batch_size], tf.int64), "scale": tf.TensorSpec([batch_size], tf.float32),

@@ -1,0 +1,117 @@
+"""Scheduler settings judged on recorded learning curves (``bench/curves.json``): each setting's
+sweep replayed over many seeds through Ray Tune's real searchers and schedulers; the training
+steps it spends against FIFO's on the same draws, and the regret of the trial it returns
+against the best recorded configuration. Also which metric carries early signal.
+
+    .venv/bin/python -m bench.replay_settings [--smoke] [--seeds 20] [--samples 16]
+
+Record the curves first (``bench/record_curves.py``, about an hour). The settings below are
+overrides of ``bench/curves_sweep.yaml``; ``quickstart`` is ``sweeps/quickstart.yaml``'s own
+scheduler and cadence, the one ``make demo`` runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .common import BENCH, REPO, Entry, Target, arguments, record
+
+CURVES = BENCH / "curves.json"
+SWEEP = BENCH / "curves_sweep.yaml"
+
+ASHA = ["search.scheduler.type=asha", "search.scheduler.reduction_factor=3"]
+SETTINGS = {
+    "FIFO": ["search.scheduler.type=fifo"],
+    "ASHA on eval/AP_best from step 40": [*ASHA, "search.scheduler.grace_period=40"],
+    "ASHA on eval/AP_best from step 100": [*ASHA, "search.scheduler.grace_period=100"],
+    "ASHA on eval/loss from step 20": [*ASHA, "search.scheduler.grace_period=20",
+                                       "search.scheduler.metric=eval/loss", "search.scheduler.mode=min"],
+    "ASHA on eval/loss from step 40": [*ASHA, "search.scheduler.grace_period=40",
+                                       "search.scheduler.metric=eval/loss", "search.scheduler.mode=min"],
+    "ASHA on train/loss from step 40": [*ASHA, "search.scheduler.grace_period=40",
+                                        "search.scheduler.metric=train/loss", "search.scheduler.mode=min"],
+    "TPE + ASHA on eval/loss from step 40": ["search.algorithm=optuna", *ASHA, "search.scheduler.grace_period=40",
+                                             "search.scheduler.metric=eval/loss", "search.scheduler.mode=min"],
+}
+SIGNAL_METRICS = ("eval/AP_best", "eval_ema/AP50", "eval/loss", "eval_ema/loss", "eval/classification_loss",
+                  "train/loss", "train/classification_loss", "train/box_loss")
+SIGNAL_STEPS = (20, 40, 60, 100, 200, 300)
+
+
+def quickstart_settings() -> list[str]:
+    """``sweeps/quickstart.yaml``'s scheduler, as overrides of the recording's sweep."""
+    from detsweep.sweeps import load_sweep
+
+    scheduler = load_sweep(REPO / "sweeps" / "quickstart.yaml").search.scheduler
+    return [f"search.scheduler.{key}={value}" for key, value in scheduler.model_dump().items() if value is not None]
+
+
+def main() -> None:
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--samples", type=int, default=16, help="trials per replayed sweep")
+    parser.add_argument("--curves", default=str(CURVES))
+    args = parser.parse_args()
+    import ray
+
+    from detsweep.sweeps import load_sweep
+    from detsweep.sweeps.replay import early_signal, load_curves, replay
+
+    settings = {**SETTINGS, "quickstart (sweeps/quickstart.yaml)": quickstart_settings()}
+    if args.smoke:
+        settings = {name: settings[name] for name in ("FIFO", "quickstart (sweeps/quickstart.yaml)")}
+    seeds, samples = (1, 4) if args.smoke else (args.seeds, args.samples)
+    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    rows = [["setting", "median share of FIFO's steps (min-max)", "median regret (max)",
+             "median returned eval/AP_best", "seconds"]]
+    figures = {}
+    for name, overrides in settings.items():
+        sweep = load_sweep(SWEEP, [f"search.num_samples={samples}", *overrides])
+        curves = load_curves(args.curves, sweep)
+        started = time.monotonic()
+        report = replay(sweep, curves, seeds)
+        figures[name] = report
+        rows.append([name, f"{report['median']['share_of_fifo']:.0%} ({report['min']['share_of_fifo']:.0%}-"
+                           f"{report['max']['share_of_fifo']:.0%})",
+                     f"{report['median']['regret']:.3f} ({report['max']['regret']:.3f})",
+                     round(report["median"]["returned"], 3), round(time.monotonic() - started)])
+        print(rows[-1], flush=True)
+    ray.shutdown()
+    shipped = figures["quickstart (sweeps/quickstart.yaml)"]
+    signal = early_signal(curves, "eval/AP_best")
+    signal_rows = [["metric", *[f"step {step}" for step in SIGNAL_STEPS]]]
+    for metric in SIGNAL_METRICS:
+        by_step = signal.get(metric, {})
+        signal_rows.append([metric, *["-" if by_step.get(step) is None else round(by_step[step], 2) for step in SIGNAL_STEPS]])
+    best = shipped["best_recorded"]
+    record("replay_settings", Entry(
+        title="Scheduler settings replayed on recorded curves (bench/replay_settings.py)",
+        settings={"curves": args.curves, "recorded": _recorded(args.curves), "sweep": "bench/curves_sweep.yaml",
+                  "samples": samples, "seeds": seeds, "concurrency": 2},
+        rows=rows,
+        targets=[Target("quickstart settings: median regret (eval/AP_best)", "<= 0.02", shipped["median"]["regret"],
+                        shipped["median"]["regret"] <= 0.02),
+                 Target("quickstart settings: median share of FIFO's steps", "<= 33%", shipped["median"]["share_of_fifo"],
+                        shipped["median"]["share_of_fifo"] <= 0.33)],
+        notes=[f"Best recorded configuration: eval/AP_best {best:.3f}, of {len(curves.configs)} recorded. Regret is "
+               "the recorded full-budget score of the trial a sweep returns, below that best; a FIFO sweep's regret "
+               f"comes from drawing {samples} configurations only.",
+               "Rank correlation (Spearman) of each metric at a step with the final eval/AP_best, over the recorded "
+               "trials (negative for a loss: lower loss, higher AP):", _table(signal_rows)],
+    ), args.out)
+
+
+def _recorded(path: str) -> str:
+    import json
+    from pathlib import Path
+
+    return json.loads(Path(path).read_text()).get("recorded", "")
+
+
+def _table(rows: list[list]) -> str:
+    lines = ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join([lines[0], "|" + "---|" * len(rows[0]), *lines[1:]])
+
+
+if __name__ == "__main__":
+    main()
