@@ -253,15 +253,19 @@ class TrialRun:
     def close(self, timeout_s: float = 10.0) -> None:
         lost = self.writer.close(timeout_s)
         shutil.rmtree(self.snapshots, ignore_errors=True)
-        if not lost:
-            return
-        try:
-            if self.run_id is None:
-                raise ConnectionError("the run was never opened")
-            self.client.set_tag(self.run_id, "detsweep.lost_writes", "; ".join(lost)[:5000])
-        except Exception as error:  # the server is still away: the list goes to the trial's log
+        if lost and (reason := self._tag_lost_writes(lost)):  # the server is still away: into the trial's log
             log.warning("MLflow: run %s of trial %s lost %d writes (%s): %s", self.run_id, self.trial_id, len(lost),
-                        type(error).__name__, "; ".join(lost))
+                        reason, "; ".join(lost))
+
+    def _tag_lost_writes(self, lost: list[str]) -> str | None:
+        """Lists ``lost`` on the run's ``detsweep.lost_writes`` tag; why it could not, if it could not."""
+        if self.run_id is None:
+            return "the run was never opened"
+        try:
+            self.client.set_tag(self.run_id, "detsweep.lost_writes", "; ".join(lost)[:5000])
+            return None
+        except Exception as error:
+            return type(error).__name__
 
 
 class ReplayedSteps:
