@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from detsweep.config.loader import get_path  # noqa: F401  (sweeps read paths with it)
+from detsweep.config.loader import get_path
 from detsweep.config.schema import OPTIMIZER_ALIASES, SCHEDULE_ALIASES, invalid
 
 Distribution = Literal["uniform", "log_uniform_values", "int_uniform", "q_uniform", "normal"]
