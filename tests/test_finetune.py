@@ -17,7 +17,7 @@ import pytest
 
 from .conftest import run_cli
 from .mlflow_checks import free_port
-from .test_sweep_runs import launch_json, tiny_sweep
+from .tiny_sweeps import launch_json, tiny_sweep
 
 AP_NOISE = 0.01
 CLASS_LOGITS = {"classification_head/logits_layer/kernel", "classification_head/logits_layer/bias"}

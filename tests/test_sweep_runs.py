@@ -21,50 +21,7 @@ import pytest
 
 from .conftest import REPO, cli_environment, foreign_lines, kill_session, plain, run_cli, run_on_terminal
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
-
-QUICKSTART = REPO / "configs" / "quickstart.yaml"
-
-
-def tiny_sweep(tmp_path: Path, search: str, num_steps: int = 20, every: int = 5, name: str = "tiny",
-               scaling: str = "{}", data: str = "{train: {num_images: 16}, val: {num_images: 8}}",
-               loop: int | None = None) -> Path:
-    """A sweep file of tiny quickstart trials, evaluated and checkpointed ``every`` steps, a
-    report every ``loop`` steps (default: ``every``), its results kept under ``tmp_path/ray``."""
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(f"""
-name: {name}
-storage: {tmp_path / "ray"}
-base:
-  from: {QUICKSTART}
-  data: {data}
-  train: {{num_steps: {num_steps}, steps_per_loop: {loop or every}, eval_every: {every}, checkpoint_every: {every}}}
-  optimizer:
-    learning_rate: {{total_steps: {num_steps}, warmup_steps: 2, warmup_learning_rate: 0.00001}}
-  scaling: {scaling}
-search:
-{search}
-""")
-    return path
-
-
-def results_of(experiment: Path) -> dict[str, list[dict]]:
-    """Every result Tune recorded, per trial id, in the order they arrived."""
-    rows = {}
-    for trial_dir in sorted(experiment.glob("trial_*")):
-        lines = (trial_dir / "result.json").read_text().splitlines() if (trial_dir / "result.json").exists() else []
-        rows[trial_dir.name.removeprefix("trial_")] = [json.loads(line) for line in lines if line.strip()]
-    return rows
-
-
-def launch_json(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    """``detsweep launch … --json`` in ``cwd``: MLflow's embedded default lands there."""
-    result = run_cli("launch", *args, "--json", cwd=cwd, env=env)
-    assert result.stdout.count("\n") == 1, f"--json must print one line, got:\n{result.stdout[-2000:]}"
-    return result, json.loads(result.stdout)
-
-
-def lr_of(trial: dict) -> float:
-    return trial["config"]["optimizer.learning_rate.learning_rate_base"]
+from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
 
 
 @pytest.fixture(scope="module")

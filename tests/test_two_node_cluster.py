@@ -16,7 +16,7 @@ import pytest
 
 from .conftest import REPO, run_bounded, run_cli
 from .mlflow_checks import assert_no_secret, check_mlflow_runs, cluster_mlflow_server, free_port
-from .test_sweep_runs import launch_json, lr_of, results_of, tiny_sweep
+from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
 
 LR_PATH = "optimizer.learning_rate.learning_rate_base"
 
