@@ -101,7 +101,9 @@ def trainable():
 def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks: list | None = None,
                 runs: Any = None) -> tune.Tuner:
     """The sweep's Tuner; ``runs``: another trainable in place of detsweep's trial (one that
-    reports recorded curves, say), under the same searcher, scheduler and space."""
+    reports recorded curves, say), under the same searcher, scheduler and space. Such a
+    trainable holds no state between trials, so Tune reuses its actors: a trial then costs
+    no process start."""
     search = sweep.search
     concurrent = search.max_concurrent_trials or max_concurrent
     # Tune hands its metric and mode to the searcher and the scheduler, and refuses both when
@@ -113,7 +115,7 @@ def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks:
         tune_config=tune.TuneConfig(
             metric=objective[0], mode=objective[1], num_samples=search.num_samples,
             time_budget_s=search.time_budget_s, search_alg=searcher(sweep, concurrent), scheduler=scheduler(sweep),
-            trial_name_creator=trial_name, trial_dirname_creator=trial_name,
+            trial_name_creator=trial_name, trial_dirname_creator=trial_name, reuse_actors=runs is not None,
         ),
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=storage_path(sweep), verbose=0, callbacks=callbacks,
