@@ -108,7 +108,7 @@ def render_entry(entry: dict) -> str:
         lines += ["", "| target | goal | measured | met |", "|---|---|---|---|"]
         lines += [f"| {t['what']} | {t['goal']} | {cell(t['measured'])} | {'yes' if t['met'] else '**no**'} |"
                   for t in entry["targets"]]
-    lines += [""] + [f"- {note}" for note in entry["notes"]]
+    lines += [""] + [f"\n{note}\n" if note.startswith("|") else f"- {note}" for note in entry["notes"]]  # a table stands alone
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -20,22 +20,26 @@ CURVES = BENCH / "curves.json"
 SWEEP = BENCH / "curves_sweep.yaml"
 
 ASHA = ["search.scheduler.type=asha", "search.scheduler.reduction_factor=3"]
+
+
+def asha(metric: str, mode: str, grace: int) -> list[str]:
+    return [*ASHA, f"search.scheduler.grace_period={grace}", f"search.scheduler.metric={metric}",
+            f"search.scheduler.mode={mode}"]
+
+
 SETTINGS = {
     "FIFO": ["search.scheduler.type=fifo"],
-    "ASHA on eval/AP_best from step 40": [*ASHA, "search.scheduler.grace_period=40"],
-    "ASHA on eval/AP_best from step 100": [*ASHA, "search.scheduler.grace_period=100"],
-    "ASHA on eval/loss from step 20": [*ASHA, "search.scheduler.grace_period=20",
-                                       "search.scheduler.metric=eval/loss", "search.scheduler.mode=min"],
-    "ASHA on eval/loss from step 40": [*ASHA, "search.scheduler.grace_period=40",
-                                       "search.scheduler.metric=eval/loss", "search.scheduler.mode=min"],
-    "ASHA on train/loss from step 40": [*ASHA, "search.scheduler.grace_period=40",
-                                        "search.scheduler.metric=train/loss", "search.scheduler.mode=min"],
-    "TPE + ASHA on eval/loss from step 40": ["search.algorithm=optuna", *ASHA, "search.scheduler.grace_period=40",
-                                             "search.scheduler.metric=eval/loss", "search.scheduler.mode=min"],
+    "ASHA on eval/AP_best from step 40": asha("eval/AP_best", "max", 40),
+    "ASHA on eval/AP_best from step 80": asha("eval/AP_best", "max", 80),
+    "ASHA on eval/loss from step 60": asha("eval/loss", "min", 60),
+    "ASHA on eval/box_loss from step 60": asha("eval/box_loss", "min", 60),
+    "ASHA on train/box_loss from step 40": asha("train/box_loss", "min", 40),
+    "TPE + ASHA on eval/AP_best from step 80": ["search.algorithm=optuna", *asha("eval/AP_best", "max", 80)],
 }
-SIGNAL_METRICS = ("eval/AP_best", "eval_ema/AP50", "eval/loss", "eval_ema/loss", "eval/classification_loss",
-                  "train/loss", "train/classification_loss", "train/box_loss")
-SIGNAL_STEPS = (20, 40, 60, 100, 200, 300)
+
+SIGNAL_METRICS = ("eval/AP_best", "eval_ema/AP50", "eval/loss", "eval_ema/loss", "eval/box_loss",
+                  "eval/classification_loss", "train/loss", "train/box_loss", "train/classification_loss")
+SIGNAL_STEPS = (20, 40, 60, 80, 100, 140, 200, 300)
 
 
 def quickstart_settings() -> list[str]:
@@ -43,7 +47,8 @@ def quickstart_settings() -> list[str]:
     from detsweep.sweeps import load_sweep
 
     scheduler = load_sweep(REPO / "sweeps" / "quickstart.yaml").search.scheduler
-    return [f"search.scheduler.{key}={value}" for key, value in scheduler.model_dump().items() if value is not None]
+    chosen = {"type": scheduler.type} | scheduler.model_dump(exclude_defaults=True)
+    return [f"search.scheduler.{key}={value}" for key, value in chosen.items()]
 
 
 def main() -> None:
@@ -86,7 +91,7 @@ def main() -> None:
     best = shipped["best_recorded"]
     record("replay_settings", Entry(
         title="Scheduler settings replayed on recorded curves (bench/replay_settings.py)",
-        settings={"curves": args.curves, "recorded": _recorded(args.curves), "sweep": "bench/curves_sweep.yaml",
+        settings={"curves": _shown(args.curves), "recorded": _recorded(args.curves), "sweep": "bench/curves_sweep.yaml",
                   "samples": samples, "seeds": seeds, "concurrency": 2},
         rows=rows,
         targets=[Target("quickstart settings: median regret (eval/AP_best)", "<= 0.02", shipped["median"]["regret"],
@@ -99,6 +104,14 @@ def main() -> None:
                "Rank correlation (Spearman) of each metric at a step with the final eval/AP_best, over the recorded "
                "trials (negative for a loss: lower loss, higher AP):", _table(signal_rows)],
     ), args.out)
+
+
+def _shown(path: str) -> str:
+    """A path inside the repository as a relative one (results.json is kept in it)."""
+    from pathlib import Path
+
+    full = Path(path).resolve()
+    return str(full.relative_to(REPO)) if full.is_relative_to(REPO) else path
 
 
 def _recorded(path: str) -> str:

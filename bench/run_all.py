@@ -19,6 +19,7 @@ BENCHMARKS = {
     "input_pipeline": ["bench.input_pipeline"],
     "scaling": ["bench.scaling"],
     "early_stopping": ["bench.early_stopping"],
+    "replay_settings": ["bench.replay_settings"],
 }
 
 

@@ -9,7 +9,8 @@ from bench.common import Entry, render, throughputs
 
 from .conftest import REPO, run_bounded
 
-EXPECTED = {"train_step", "train_step_loops", "startup_1w", "input_pipeline", "scaling_cpu", "early_stopping"}
+EXPECTED = {"train_step", "train_step_loops", "startup_1w", "input_pipeline", "scaling_cpu", "early_stopping",
+            "replay_settings"}
 
 
 def test_every_benchmark_runs_and_records_its_table(tmp_path):
@@ -30,6 +31,9 @@ def test_every_benchmark_runs_and_records_its_table(tmp_path):
     assert all(entry["title"] in markdown for entry in results.values())
     # early_stopping launched the seeded random quickstart sweep twice (FIFO, ASHA): the same draws
     assert results["early_stopping"]["notes"][0] == "Both sweeps drew the same configurations.", results["early_stopping"]
+    # replay_settings replayed the shipped quickstart's scheduler on the recorded curves (bench/curves.json)
+    assert [row[0] for row in results["replay_settings"]["rows"][1:]] == ["FIFO", "quickstart (sweeps/quickstart.yaml)"]
+    assert "| eval/loss |" in results["replay_settings"]["notes"][-1]  # the early-signal table
     phases = {row[0] for row in results["startup_1w"]["rows"][1:]}
     assert {"workers", "imports", "model", "first_loop"} <= phases
 
@@ -50,3 +54,16 @@ def test_results_md_keeps_the_hand_written_text_around_the_generated_tables(tmp_
     render(results, markdown)  # idempotent: the generated part is replaced, not appended
     text = markdown.read_text()
     assert text.count("### A bench") == 1 and "Before/after notes, by hand." in text and "| x | 12.5 |" in text
+
+
+def test_a_curves_file_is_one_trial_per_line_and_reads_back_to_six_significant_digits():
+    from bench.record_curves import as_lines
+
+    contents = {"recorded": "today", "sweep": "bench/curves_sweep.yaml", "paths": ["a"],
+                "trials": [{"config": {"a": 0.0123456789}, "reports": [{"step": 20, "eval/loss": 1.23456789}]},
+                           {"config": {"a": 0.5}, "reports": [{"step": 20, "eval/loss": 2.0}]}]}
+    text = as_lines(contents)
+    assert text.splitlines()[-4:-2] == ['{"config":{"a":0.0123456789},"reports":[{"step":20,"eval/loss":1.23457}]},',
+                                        '{"config":{"a":0.5},"reports":[{"step":20,"eval/loss":2.0}]}']
+    back = json.loads(text)
+    assert back["recorded"] == "today" and back["paths"] == ["a"] and back["trials"][1] == contents["trials"][1]

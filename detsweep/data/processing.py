@@ -56,7 +56,7 @@ def raw_predictions(model, images: tf.Tensor) -> dict[str, tf.Tensor]:
 def decoded_detections(model, images: tf.Tensor, predictions: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
     """The model's detections on model-ready ``images``: boxes in their pixels, contiguous labels.
     ``predictions``: the heads' outputs on them, when the caller has them already."""
-    return model.decode_predictions(predictions or raw_predictions(model, images), images)
+    return model.decode_predictions(raw_predictions(model, images) if predictions is None else predictions, images)
 
 
 def in_original_image(decoded: dict[str, tf.Tensor], scale: tf.Tensor, image_shape: tf.Tensor,
