@@ -123,15 +123,17 @@ class TrialRun:
         self._log_config()
 
     def _reopen(self, run) -> None:
-        self.run_id, self.reopened = run.info.run_id, True
-        self.client.update_run(self.run_id, status="RUNNING")
-        history = self.client.get_metric_history(self.run_id, "train/loss")
+        """A resumed trial's run: where it got to. ``run_id`` is set last, so a retry after a
+        failed read finds the run again rather than skipping what was not read."""
+        self.client.update_run(run.info.run_id, status="RUNNING")
+        history = self.client.get_metric_history(run.info.run_id, "train/loss")
         self.last_step = max((m.step for m in history), default=-1)
         self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
         failures = run.data.tags.get(WORKER_FAILURES_TAG)
         self.worker_failures = int(failures.split(":")[0]) if failures else 0
         best = run.data.tags.get("detsweep.best_value")
         self.best = float(best) if best is not None else None
+        self.run_id, self.reopened = run.info.run_id, True
         self.opened.set()
 
     def _log_config(self) -> None:
