@@ -20,6 +20,7 @@ BENCHMARKS = {
     "scaling": ["bench.scaling"],
     "early_stopping": ["bench.early_stopping"],
     "replay_settings": ["bench.replay_settings"],
+    "tracking_server": ["bench.tracking_server"],
 }
 
 

@@ -5,20 +5,33 @@ import json
 import math
 import sys
 
+import pytest
+
 from bench.common import Entry, render, throughputs
 
 from .conftest import REPO, run_bounded
 
-EXPECTED = {"train_step", "train_step_loops", "startup_1w", "input_pipeline", "scaling_cpu", "early_stopping",
-            "replay_settings"}
+# What each benchmark of ``bench.run_all`` records, by its name there.
+RECORDS = {"train_step": {"train_step", "train_step_loops"}, "startup": {"startup_1w"},
+           "input_pipeline": {"input_pipeline"}, "scaling": {"scaling_cpu"}, "early_stopping": {"early_stopping"},
+           "replay_settings": {"replay_settings"}, "tracking_server": {"tracking_server"}}
 
 
-def test_every_benchmark_runs_and_records_its_table(tmp_path):
+def test_every_benchmark_has_a_smoke_test():
+    from bench.run_all import BENCHMARKS
+
+    assert set(BENCHMARKS) == set(RECORDS)
+
+
+@pytest.mark.parametrize("benchmark", sorted(RECORDS))
+def test_the_benchmark_runs_and_records_its_table(benchmark, tmp_path):
+    """One benchmark at a time: a failure names it, and ``-k`` runs one alone."""
     out = tmp_path / "results.json"
-    result = run_bounded([sys.executable, "-m", "bench.run_all", "--smoke", "--out", str(out)], cwd=REPO, timeout=900)
+    result = run_bounded([sys.executable, "-m", "bench.run_all", "--smoke", "--only", benchmark, "--out", str(out)],
+                         cwd=REPO, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert set(results) == EXPECTED
+    assert set(results) == RECORDS[benchmark]
     for name, entry in results.items():
         header, *rows = entry["rows"]
         assert rows and all(len(row) == len(header) for row in rows), name
@@ -29,13 +42,33 @@ def test_every_benchmark_runs_and_records_its_table(tmp_path):
             assert isinstance(target["met"], bool) and math.isfinite(target["measured"]), (name, target)
     markdown = out.with_suffix(".md").read_text()
     assert all(entry["title"] in markdown for entry in results.values())
-    # early_stopping launched the seeded random quickstart sweep twice (FIFO, ASHA): the same draws
-    assert results["early_stopping"]["notes"][0] == "Both sweeps drew the same configurations.", results["early_stopping"]
-    # replay_settings replayed the shipped quickstart's scheduler on the recorded curves (bench/curves.json)
+    SPECIFIC.get(benchmark, lambda results: None)(results)
+
+
+def early_stopping(results: dict) -> None:
+    # it launched the seeded random quickstart sweep twice (FIFO, ASHA): the same draws
+    assert results["early_stopping"]["notes"][0] == "Both sweeps drew the same configurations.", results
+
+
+def replay_settings(results: dict) -> None:
+    # it replayed the shipped quickstart's scheduler on the recorded curves (bench/curves.json)
     assert [row[0] for row in results["replay_settings"]["rows"][1:]] == ["FIFO", "quickstart (sweeps/quickstart.yaml)"]
     assert "| eval/loss |" in results["replay_settings"]["notes"][-1]  # the early-signal table
+
+
+def startup(results: dict) -> None:
     phases = {row[0] for row in results["startup_1w"]["rows"][1:]}
     assert {"workers", "imports", "model", "first_loop"} <= phases
+
+
+def tracking_server(results: dict) -> None:
+    # both servers answered as detsweep's user, the shipped one with the credential cache
+    rows = results["tracking_server"]["rows"][1:]
+    assert [row[0] for row in rows] == ["MLflow's default (no credential cache)", "as shipped (credentials cached 60 s)"]
+
+
+SPECIFIC = {"early_stopping": early_stopping, "replay_settings": replay_settings, "startup": startup,
+            "tracking_server": tracking_server}
 
 
 def test_throughput_windows_leave_out_tracing_and_the_final_checkpoint():
