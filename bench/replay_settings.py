@@ -66,7 +66,7 @@ def main() -> None:
     if args.smoke:
         settings = {name: settings[name] for name in ("FIFO", "quickstart (sweeps/quickstart.yaml)")}
     seeds, samples = (1, 4) if args.smoke else (args.seeds, args.samples)
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     rows = [["setting", "median share of FIFO's steps (min-max)", "median regret (max)",
              "median returned eval/AP_best", "seconds"]]
     figures = {}

@@ -299,7 +299,7 @@ def replay_command(args: argparse.Namespace) -> int:
     out = console.take_over(args.json)  # Tune's own lines: into a scratch log, dropped at the end
     import ray
 
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     with console.working(f"replaying {args.sweep} on {len(curves.configs)} recorded trials, {args.seeds} seed(s)"):
         report = replay(sweep, curves, args.seeds)
     text = format_replay(report) + ("\n" + format_signal(report) if args.signal else "")

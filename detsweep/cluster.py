@@ -68,13 +68,17 @@ def check_address(address: str | None, where: str = "--address") -> None:
 
 
 def connect(address: str | None = None, env: dict[str, str] | None = None) -> None:
-    """``ray.init`` once per process: ``address`` of a running cluster, or a new local one;
-    ``env`` is added to every Ray worker's environment (MLflow credentials)."""
+    """``ray.init`` once per process: ``address`` of a running cluster (``auto``: the one
+    ``ray start`` started on this machine), else ``RAY_ADDRESS``, else a new local cluster of its
+    own; ``env`` is added to every Ray worker's environment (MLflow credentials)."""
     import ray
 
     if ray.is_initialized():
         return
     check_address(*(address, "--address") if address else (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"))
+    # Without an address ray.init joins the cluster `ray start` last started on this machine,
+    # if one runs: a sweep meant for this machine alone would land on someone else's cluster.
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
     # A trial stopped by a scheduler frees its Ray Train workers a little after it ends; the
     # next trial's workers wait for them instead of failing after Ray Train's default 60 s.
     env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800"),

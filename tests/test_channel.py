@@ -181,7 +181,7 @@ def ray_queue():
     import ray
     from ray.util.queue import Queue
 
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
     try:
         yield lambda: Queue(actor_options={"num_cpus": 0})
     finally:

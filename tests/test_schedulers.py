@@ -31,7 +31,7 @@ def lr_reported(config: dict) -> None:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     yield
     ray.shutdown()
 

@@ -33,10 +33,13 @@ def cluster() -> Iterator[TwoNodes]:
     from ray.cluster_utils import Cluster
 
     dashboard_port = free_port()
+    # Each node's dashboard agent on a port of its own: both would take Ray's default (52365),
+    # the loser serves no HTTP, and ``ray job submit`` finds no agent when the head's lost.
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port})
+        "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port,
+        "dashboard_agent_listen_port": free_port()})
     try:
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
         nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
@@ -55,6 +58,16 @@ def test_validate_sizes_a_sweep_for_the_cluster_at_address_not_for_this_machine(
     assert too_big.returncode == 2 and too_big.stderr.strip() == (
         f"detsweep: error: {sized}: base.scaling.cpus_per_worker: found 2, expected <= 1 (the most CPUs any node has)")
     assert run_cli("validate", str(sized), "--set", "base.scaling.cpus_per_worker=2").returncode == 0  # fits here
+
+
+def test_without_an_address_detsweep_starts_its_own_cluster_beside_one_ray_start_started(cluster):
+    """``ray.init()`` alone would join the cluster ``ray start`` last started here (this module's):
+    detsweep's default is a local cluster of its own, and ``auto`` joins the running one."""
+    nodes = "from detsweep.cluster import connect; import ray, sys; connect(*sys.argv[1:]); print(len(ray.nodes()))"
+    own = run_bounded([sys.executable, "-c", nodes], timeout=300, cwd=REPO)
+    joined = run_bounded([sys.executable, "-c", nodes, "auto"], timeout=300, cwd=REPO)
+    assert (own.returncode, joined.returncode) == (0, 0), own.stderr[-2000:] + joined.stderr[-2000:]
+    assert (own.stdout.split()[-1], joined.stdout.split()[-1]) == ("1", str(len(cluster.nodes)))
 
 
 def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_the_cluster_files_tracking_server(
