@@ -46,7 +46,7 @@ def requests_per_second(script_text: str, requests: int, folder: Path) -> float:
     started = subprocess.Popen(["bash", str(script), str(folder / "server"), str(secret), str(port)], cwd=REPO,
                                env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        if started.wait(timeout=180) != 0:
+        if started.wait(timeout=400) != 0:  # the script waits up to 300 s
             raise SystemExit(f"{SCRIPT} failed: {started.stdout.read().decode()[-2000:]}")
         with mock.patch.dict(os.environ, USER):  # MLflow's client reads its credentials there
             client = MlflowClient(f"http://127.0.0.1:{port}")

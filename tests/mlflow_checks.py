@@ -171,7 +171,7 @@ def cluster_mlflow_server(tmp_path: Path, secret: dict[str, str]) -> Iterator[st
     started = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True, env=env)
     try:
-        said, _ = started.communicate(timeout=180)
+        said, _ = started.communicate(timeout=400)  # the script waits up to 300 s
         assert started.returncode == 0, said
         assert said.strip().endswith(f"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: created"), said
         yield f"http://127.0.0.1:{port}"

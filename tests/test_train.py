@@ -263,7 +263,9 @@ def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_b
                                   "schedule: [{step: 4, learning_rate: 1.0e+12}]}")
     assert result.returncode == 1, result.stderr[-3000:]
     # The reason names the global step at which the loss was not finite: the steps before it trained.
-    trained = int(re.search(r"loss is NaN/Inf at step (\d+)", result.stderr)[1])
+    reason = re.search(r"loss is NaN/Inf at step (\d+)", result.stderr)
+    assert reason, result.stderr[-3000:]
+    trained = int(reason[1])
     assert trained >= 4
     assert [int(m[1]) for m in LINE.finditer(result.stdout)] == list(range(1, trained + 1))
 

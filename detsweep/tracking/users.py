@@ -15,8 +15,9 @@ import requests
 USERS = "/api/2.0/mlflow/users"
 
 
-def wait_for_server(uri: str, pid: int | None = None, timeout_s: float = 120) -> None:
-    """Until ``uri`` answers; a server process (``pid``) that ended will not."""
+def wait_for_server(uri: str, pid: int | None = None, timeout_s: float = 300) -> None:
+    """Until ``uri`` answers; a server process (``pid``) that ended will not. Minutes on a busy
+    machine: each of MLflow's web workers imports MLflow and checks both databases' schemas."""
     deadline = time.monotonic() + timeout_s
     while True:
         if pid is not None and not _alive(pid):
