@@ -79,6 +79,7 @@ def connect(address: str | None = None, env: dict[str, str] | None = None) -> No
     # Without an address ray.init joins the cluster `ray start` last started on this machine,
     # if one runs: a sweep meant for this machine alone would land on someone else's cluster.
     address = address or os.environ.get("RAY_ADDRESS") or "local"
+    local = address == "local"
     # A trial stopped by a scheduler frees its Ray Train workers a little after it ends; the
     # next trial's workers wait for them instead of failing after Ray Train's default 60 s.
     env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800"),
@@ -86,8 +87,12 @@ def connect(address: str | None = None, env: dict[str, str] | None = None) -> No
            # pycocotools' progress would fill the console at every evaluation.
            "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0"),
            **fast_allocator(), **(env or {})}
+    if local:  # nothing to preempt on one machine: one process less per trial start
+        env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"))
     try:
+        # A local cluster runs without Ray's dashboard: detsweep's own lines and MLflow show the
+        # sweep, and it costs each run 3-4 s of CPU and its fixed ports (bench/RESULTS.md).
         ray.init(address=address, logging_level=logging.WARNING, configure_logging=True,
-                 runtime_env={"env_vars": env})
+                 runtime_env={"env_vars": env}, **({"include_dashboard": False} if local else {}))
     except ConnectionError as error:
         raise DetsweepError(f"--address {address}: no Ray cluster answers there ({error})") from None

@@ -100,3 +100,14 @@ def test_a_curves_file_is_one_trial_per_line_and_reads_back_to_six_significant_d
                                         '{"config":{"a":0.5},"reports":[{"step":20,"eval/loss":2.0}]}']
     back = json.loads(text)
     assert back["recorded"] == "today" and back["paths"] == ["a"] and back["trials"][1] == contents["trials"][1]
+
+
+def test_process_cpu_counts_the_cpu_of_a_process_the_command_started():
+    """``bench.process_cpu``: a grandchild that spins for a second, then sleeps (so that the
+    last look sees all it spent), is seen under its own title."""
+    spin = "import time; end = time.process_time() + 1\nwhile time.process_time() < end: pass\ntime.sleep(1)"
+    result = run_bounded([sys.executable, "-m", "bench.process_cpu", "--", "bash", "-c",
+                          f"{sys.executable} -c '{spin}'"], cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stderr
+    [row] = [line for line in result.stdout.splitlines() if "| -c import time; end" in line]
+    assert 1.0 <= float(row.split("|")[1]) <= 1.5, result.stdout
