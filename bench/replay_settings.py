@@ -89,6 +89,10 @@ def main() -> None:
         by_step = signal.get(metric, {})
         signal_rows.append([metric, *["-" if by_step.get(step) is None else round(by_step[step], 2) for step in SIGNAL_STEPS]])
     best = shipped["best_recorded"]
+    ranks = winner_ranks(curves, "eval/AP_best")
+    rank_rows = [["metric", *[f"step {step}" for step in SIGNAL_STEPS]]]
+    for metric in SIGNAL_METRICS:
+        rank_rows.append([metric, *[ranks.get(metric, {}).get(step, "-") for step in SIGNAL_STEPS]])
     record("replay_settings", Entry(
         title="Scheduler settings replayed on recorded curves (bench/replay_settings.py)",
         settings={"curves": _shown(args.curves), "recorded": _recorded(args.curves), "sweep": "bench/curves_sweep.yaml",
@@ -102,8 +106,32 @@ def main() -> None:
                "the recorded full-budget score of the trial a sweep returns, below that best; a FIFO sweep's regret "
                f"comes from drawing {samples} configurations only.",
                "Rank correlation (Spearman) of each metric at a step with the final eval/AP_best, over the recorded "
-               "trials (negative for a loss: lower loss, higher AP):", _table(signal_rows)],
+               "trials (negative for a loss: lower loss, higher AP):", _table(signal_rows),
+               f"Where the best recorded configuration ranks among all {len(curves.configs)} at each step (1: first; "
+               "a loss ranks lowest first). A rung keeps it only where it ranks within the share the rung keeps:",
+               _table(rank_rows)],
     ), args.out)
+
+
+def winner_ranks(curves, objective: str) -> dict[str, dict[int, int]]:
+    """For each metric at each step every trial reported it: the rank (1 = first) of the trial
+    whose final ``objective`` is best, among all recorded, losses ranked lowest first."""
+    finals = [curves.final(index, objective) for index in range(len(curves.configs))]
+    winner = max(range(len(finals)), key=finals.__getitem__)
+    values: dict[str, dict[int, dict[int, float]]] = {}
+    for index, reports in enumerate(curves.reports):
+        for report in reports:
+            for metric, value in report.items():
+                if metric != "step" and isinstance(value, (int, float)):
+                    values.setdefault(metric, {}).setdefault(int(report["step"]), {})[index] = float(value)
+    ranks: dict[str, dict[int, int]] = {}
+    for metric, steps in values.items():
+        sign = 1 if metric.endswith("loss") else -1
+        for step, by_trial in steps.items():
+            if len(by_trial) == len(finals):
+                order = sorted(by_trial, key=lambda index: sign * by_trial[index])
+                ranks.setdefault(metric, {})[step] = order.index(winner) + 1
+    return ranks
 
 
 def _shown(path: str) -> str:

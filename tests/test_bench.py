@@ -53,7 +53,10 @@ def early_stopping(results: dict) -> None:
 def replay_settings(results: dict) -> None:
     # it replayed the shipped quickstart's scheduler on the recorded curves (bench/curves.json)
     assert [row[0] for row in results["replay_settings"]["rows"][1:]] == ["FIFO", "quickstart (sweeps/quickstart.yaml)"]
-    assert "| eval/loss |" in results["replay_settings"]["notes"][-1]  # the early-signal table
+    notes = results["replay_settings"]["notes"]
+    assert "| eval/loss |" in notes[2] and "| eval/loss |" in notes[-1]  # the early-signal and the ranks tables
+    # the best recorded configuration is first by its own objective at the last step
+    assert notes[-1].splitlines()[2].startswith("| eval/AP_best |") and notes[-1].splitlines()[2].endswith("| 1 |")
 
 
 def startup(results: dict) -> None:
