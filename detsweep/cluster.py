@@ -90,9 +90,10 @@ def connect(address: str | None = None, env: dict[str, str] | None = None) -> No
     if local:  # nothing to preempt on one machine: one process less per trial start
         env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"))
     try:
-        # A local cluster runs without Ray's dashboard: detsweep's own lines and MLflow show the
-        # sweep, and it costs each run 3-4 s of CPU and its fixed ports (bench/RESULTS.md).
+        # Not without Ray's dashboard (3-4 s of CPU per run): it serves the State API, through which
+        # Ray Train's PlacementGroupCleaner sees a stopped trial's controller die and frees its
+        # placement group; without it the next trial waited minutes for the CPUs (bench/RESULTS.md).
         ray.init(address=address, logging_level=logging.WARNING, configure_logging=True,
-                 runtime_env={"env_vars": env}, **({"include_dashboard": False} if local else {}))
+                 runtime_env={"env_vars": env})
     except ConnectionError as error:
         raise DetsweepError(f"--address {address}: no Ray cluster answers there ({error})") from None
