@@ -67,6 +67,17 @@ def check_address(address: str | None, where: str = "--address") -> None:
                             f"({error.strerror or type(error).__name__})") from None
 
 
+def address_own_cluster() -> None:
+    """Ray worker set-up on a local cluster: the worker's own cluster becomes its ``RAY_ADDRESS``.
+    Inside a worker Ray finds "the" cluster for its State API by guessing over the machine (the
+    one ``ray start`` last started, else the only one running); Ray Train's PlacementGroupCleaner
+    asks it whether a trial's controller lives, and removed a live trial's CPUs when the answer
+    came from another cluster on the same machine."""
+    import ray
+
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+
+
 def connect(address: str | None = None, env: dict[str, str] | None = None) -> None:
     """``ray.init`` once per process: ``address`` of a running cluster (``auto``: the one
     ``ray start`` started on this machine), else ``RAY_ADDRESS``, else a new local cluster of its
@@ -86,14 +97,18 @@ def connect(address: str | None = None, env: dict[str, str] | None = None) -> No
            # Ray Train routes every print in a worker through its logger, past redirect_stdout:
            # pycocotools' progress would fill the console at every evaluation.
            "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0"),
+           # Nothing to preempt on one machine: one process less per trial start.
+           **({"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")}
+              if local else {}),
            **fast_allocator(), **(env or {})}
-    if local:  # nothing to preempt on one machine: one process less per trial start
-        env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"))
+    runtime_env: dict = {"env_vars": env}
+    if local:
+        runtime_env["worker_process_setup_hook"] = f"{__name__}.{address_own_cluster.__name__}"
     try:
         # Not without Ray's dashboard (3-4 s of CPU per run): it serves the State API, through which
         # Ray Train's PlacementGroupCleaner sees a stopped trial's controller die and frees its
         # placement group; without it the next trial waited minutes for the CPUs (bench/RESULTS.md).
         ray.init(address=address, logging_level=logging.WARNING, configure_logging=True,
-                 runtime_env={"env_vars": env})
+                 runtime_env=runtime_env)
     except ConnectionError as error:
         raise DetsweepError(f"--address {address}: no Ray cluster answers there ({error})") from None

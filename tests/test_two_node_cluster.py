@@ -62,12 +62,27 @@ def test_validate_sizes_a_sweep_for_the_cluster_at_address_not_for_this_machine(
 
 def test_without_an_address_detsweep_starts_its_own_cluster_beside_one_ray_start_started(cluster):
     """``ray.init()`` alone would join the cluster ``ray start`` last started here (this module's):
-    detsweep's default is a local cluster of its own, and ``auto`` joins the running one."""
-    nodes = "from detsweep.cluster import connect; import ray, sys; connect(*sys.argv[1:]); print(len(ray.nodes()))"
-    own = run_bounded([sys.executable, "-c", nodes], timeout=300, cwd=REPO)
-    joined = run_bounded([sys.executable, "-c", nodes, "auto"], timeout=300, cwd=REPO)
+    detsweep's default is a local cluster of its own, and ``auto`` joins the running one. In
+    either, an actor made as Ray Train makes its PlacementGroupCleaner and controller asks the
+    State API of its own cluster whether it lives: Ray's own guess, inside a worker, is the
+    cluster ``ray start`` started, which knows nothing of a local cluster's actors."""
+    probe = """
+import sys, ray
+from detsweep.cluster import connect
+from ray.train.v2._internal.state.util import is_actor_alive
+connect(*sys.argv[1:])
+
+@ray.remote(num_cpus=0, runtime_env={"env_vars": {"RAY_TRAIN_PROBE": "1"}})
+class Probe:
+    def lives(self):
+        return is_actor_alive(ray.get_runtime_context().get_actor_id(), timeout=60)
+
+print(len(ray.nodes()), ray.get(Probe.options(lifetime="detached").remote().lives.remote()))
+"""
+    own = run_bounded([sys.executable, "-c", probe], timeout=300, cwd=REPO)
+    joined = run_bounded([sys.executable, "-c", probe, "auto"], timeout=300, cwd=REPO)
     assert (own.returncode, joined.returncode) == (0, 0), own.stderr[-2000:] + joined.stderr[-2000:]
-    assert (own.stdout.split()[-1], joined.stdout.split()[-1]) == ("1", str(len(cluster.nodes)))
+    assert (own.stdout.splitlines()[-1], joined.stdout.splitlines()[-1]) == ("1 True", f"{len(cluster.nodes)} True")
 
 
 def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_the_cluster_files_tracking_server(
