@@ -174,10 +174,21 @@ def cluster_mlflow_server(tmp_path: Path, secret: dict[str, str]) -> Iterator[st
         said, _ = started.communicate(timeout=400)  # the script waits up to 300 s
         assert started.returncode == 0, said
         assert said.strip().endswith(f"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: created"), said
+        assert not any("huey" in command for command in group_commands(started.pid))  # MLflow's job runner is off
         yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(started.pid, signal.SIGTERM)  # the server, left running in the command's group
+
+
+def group_commands(group: int) -> list[str]:
+    """The command lines of the processes in process group ``group``."""
+    commands = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == group:
+                commands.append(stat.with_name("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return commands
 
 
 def assert_no_secret(report: dict, secret: str, tmp_path: Path) -> None:
@@ -233,7 +244,8 @@ def _start_server(tmp_path: Path, port: int, extra: list[str], env: dict) -> tup
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
              "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
              "--artifacts-destination", str(tmp_path / "server-artifacts"), *extra],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmp_path)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path,
+            env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # as cluster/mlflow_server.sh
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300  # minutes beside a busy sweep (the web app's imports)
     while time.monotonic() < deadline:
