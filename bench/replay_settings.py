@@ -118,19 +118,12 @@ def winner_ranks(curves, objective: str) -> dict[str, dict[int, int]]:
     whose final ``objective`` is best, among all recorded, losses ranked lowest first."""
     finals = [curves.final(index, objective) for index in range(len(curves.configs))]
     winner = max(range(len(finals)), key=finals.__getitem__)
-    values: dict[str, dict[int, dict[int, float]]] = {}
-    for index, reports in enumerate(curves.reports):
-        for report in reports:
-            for metric, value in report.items():
-                if metric != "step" and isinstance(value, (int, float)):
-                    values.setdefault(metric, {}).setdefault(int(report["step"]), {})[index] = float(value)
     ranks: dict[str, dict[int, int]] = {}
-    for metric, steps in values.items():
+    for metric, steps in curves.at_common_steps().items():
         sign = 1 if metric.endswith("loss") else -1
-        for step, by_trial in steps.items():
-            if len(by_trial) == len(finals):
-                order = sorted(by_trial, key=lambda index: sign * by_trial[index])
-                ranks.setdefault(metric, {})[step] = order.index(winner) + 1
+        for step, values in steps.items():
+            order = sorted(range(len(values)), key=lambda index: sign * values[index])  # ties: by trial
+            ranks.setdefault(metric, {})[step] = order.index(winner) + 1
     return ranks
 
 

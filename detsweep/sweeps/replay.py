@@ -54,6 +54,19 @@ class Curves:
         """The best full-budget value of ``metric`` among the recorded configurations."""
         return (max if mode == "max" else min)(self.final(index, metric) for index in range(len(self.configs)))
 
+    def at_common_steps(self) -> dict[str, dict[int, list[float]]]:
+        """Every recorded metric at every step all trials reported it: its values, in the
+        order of the trials."""
+        at: dict[str, dict[int, dict[int, float]]] = {}
+        for index, reports in enumerate(self.reports):
+            for report in reports:
+                for metric, value in report.items():
+                    if metric != "step" and isinstance(value, (int, float)):
+                        at.setdefault(metric, {}).setdefault(int(report["step"]), {})[index] = float(value)
+        return {metric: {step: [by_trial[index] for index in range(len(self.configs))]
+                         for step, by_trial in sorted(steps.items()) if len(by_trial) == len(self.configs)}
+                for metric, steps in sorted(at.items())}
+
     def nearest(self, values: dict[str, Any]) -> int:
         """The recorded configuration closest to ``values`` (log scale for positive numbers)."""
         def distance(index: int) -> float:
@@ -207,15 +220,8 @@ def early_signal(curves: Curves, objective: str) -> dict[str, dict[int, float | 
     with the trials' final ``objective``. A rung on a metric ranks real signal where it is
     far from 0 (negative for a loss against AP)."""
     finals = [curves.final(index, objective) for index in range(len(curves.configs))]
-    at: dict[str, dict[int, list[float]]] = {}
-    for reports in curves.reports:
-        for report in reports:
-            for metric, value in report.items():
-                if metric != "step" and isinstance(value, (int, float)):
-                    at.setdefault(metric, {}).setdefault(int(report["step"]), []).append(float(value))
-    return {metric: {step: spearman(values, finals) for step, values in sorted(steps.items())
-                     if len(values) == len(finals)}
-            for metric, steps in sorted(at.items())}
+    return {metric: {step: spearman(values, finals) for step, values in steps.items()}
+            for metric, steps in curves.at_common_steps().items()}
 
 
 def replay(sweep: Sweep, curves: Curves, seeds: int = 1, tick_s: float = TICK_S) -> dict[str, Any]:
