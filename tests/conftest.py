@@ -121,6 +121,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True)
+def nothing_into_the_users_ray_results():
+    """A test keeps its runs in its own folders: ``~/ray_results``, where detsweep puts a run
+    given no storage, gains nothing."""
+    folder = Path("~/ray_results").expanduser()
+    before = set(os.listdir(folder)) if folder.is_dir() else set()
+    yield
+    added = (set(os.listdir(folder)) if folder.is_dir() else set()) - before
+    assert not added, f"the test wrote into {folder}: {sorted(added)}"
+
+
+@pytest.fixture(autouse=True)
 def own_tracking_uri(monkeypatch):
     """``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI`` in ``os.environ``, where
     every later ``detsweep`` subprocess would inherit it: each test starts without one."""

@@ -251,7 +251,7 @@ def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_
     assert flow["in_order"] == [[step, step % 10 == 0, step % 10 == 0] for step in range(1, 31)]
 
 
-def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it():
+def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it(tmp_path):
     """Four good loops of one step, then a learning rate of 1e12: the process says why it
     failed, and each loop before the failure still reached the driver (none is left behind in
     the worker's sender when its training raises)."""
@@ -259,6 +259,7 @@ def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_b
                      "--set", "train.num_steps=12", "--set", "train.steps_per_loop=1", "--set", "train.eval_every=12",
                      "--set", "train.checkpoint_every=12",
                      "--set", "scaling.max_failures=0",  # one attempt: no restart to replay the loops
+                     "--storage", str(tmp_path / "ray"),
                      "--set", "optimizer.learning_rate={type: manual_step, initial_learning_rate: 0.01, "
                                   "schedule: [{step: 4, learning_rate: 1.0e+12}]}")
     assert result.returncode == 1, result.stderr[-3000:]
