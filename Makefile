@@ -14,13 +14,12 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 demo: $(INSTALLED) tcmalloc
 	$(BIN)/detsweep launch sweeps/quickstart.yaml --set storage=$(CURDIR)/demo-out/ray
 
-# The layers and the lint first (seconds), then every test: on two processes, each taking
-# whole files (a module's sweep is made once), the slowest files first (tests/conftest.py).
-# Most of a sweep test is waiting (trial start-up, Ray's polls): two at once fill the cores.
+# The layers and the lint first (seconds), then every test, in one process: two at once
+# were slower on CI's machine (README, Tests).
 test: $(INSTALLED) $(BROWSER) tcmalloc
 	$(BIN)/lint-imports
 	$(BIN)/ruff check detsweep tests bench
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest
 
 # Every benchmark under bench/ (about two hours on 2 cores): bench/results.json and RESULTS.md.
 bench: $(INSTALLED) tcmalloc

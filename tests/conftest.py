@@ -13,6 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 RACCOON = SHARED / "datasets" / "raccoon"
 RACCOON_PIPELINE = RACCOON / "training" / "ssd_mobilenet_v1_pets.config"
+# Under pytest-timeout's 600 s per test (pyproject.toml): a subprocess that hangs is killed
+# with its session and the test fails with its stderr, instead of pytest-timeout failing the
+# test with neither and leaving the subprocess (a sweep, a Ray job) running.
+SUBPROCESS_LIMIT = 540
 
 
 @pytest.fixture
@@ -28,7 +32,7 @@ def write(tmp_path: Path):
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 900) -> subprocess.CompletedProcess:
+            timeout: float = SUBPROCESS_LIMIT) -> subprocess.CompletedProcess:
     """Run the installed ``detsweep`` command as a user would, in a separate process; past
     ``timeout`` seconds it is killed with everything it started (a local Ray cluster)."""
     command = [sys.executable, "-m", "detsweep.cli", *args]
@@ -105,19 +109,6 @@ def kill_session(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:  # it ended already
         pass
-
-
-# The files that take longest, slowest first (serial seconds here, 2026-11: 720, 420, 360,
-# 270, 240). `make test` gives whole files to two processes in the order of the collection:
-# taken first, they end together instead of one long file starting last.
-SLOWEST_FILES = ("test_sweep_runs.py", "test_bench.py", "test_finetune.py", "test_two_node_cluster.py",
-                 "test_train.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slowest files first; within and after them, pytest-randomly's shuffled order."""
-    rank = {name: position for position, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(autouse=True)

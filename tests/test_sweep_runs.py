@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, cli_environment, foreign_lines, kill_session, plain, run_cli, run_on_terminal
+from .conftest import (
+    REPO,
+    SUBPROCESS_LIMIT,
+    cli_environment,
+    foreign_lines,
+    kill_session,
+    plain,
+    run_cli,
+    run_on_terminal,
+)
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
 from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
 
@@ -132,11 +141,11 @@ def test_the_time_budget_stops_what_still_runs_its_run_ends_killed_and_a_termina
     stopped by Tune, ``STOPPED`` in the report, and its MLflow run ends ``KILLED``."""
     from mlflow import MlflowClient
 
-    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n  time_budget_s: 75\n",
+    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n  time_budget_s: 45\n",
                        num_steps=2000, every=10)
     # run as a person at a terminal would, the report into a file: the progress on the terminal is live
     result, drawn = run_on_terminal([sys.executable, "-m", "detsweep.cli", "launch", str(sweep), "--no-register",
-                                        "--json"], cwd=tmp_path, env=cli_environment({"COLUMNS": "120"}), timeout=900)
+                                        "--json"], cwd=tmp_path, env=cli_environment({"COLUMNS": "120"}), timeout=SUBPROCESS_LIMIT)
     terminal = plain(drawn)
     assert result.returncode == 0, terminal[-3000:]
     report = json.loads(result.stdout)
@@ -207,7 +216,7 @@ def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
         checkpointed = kill_train_worker_after_a_checkpoint(tmp_path / "ray", session=launch.pid)
         time.sleep(max(0.0, 30 - (time.monotonic() - down_at)))  # the outage lasts 30 s
         with mlflow_server(tmp_path, port=port):
-            stdout, stderr = launch.communicate(timeout=600)
+            stdout, stderr = launch.communicate(timeout=SUBPROCESS_LIMIT)
             check_killed_worker_run(stdout, stderr, launch.returncode, checkpointed)
     finally:
         kill_session(launch)
