@@ -90,19 +90,18 @@ def connect(address: str | None = None, env: dict[str, str] | None = None) -> No
     # Without an address ray.init joins the cluster `ray start` last started on this machine,
     # if one runs: a sweep meant for this machine alone would land on someone else's cluster.
     address = address or os.environ.get("RAY_ADDRESS") or "local"
-    local = address == "local"
     # A trial stopped by a scheduler frees its Ray Train workers a little after it ends; the
     # next trial's workers wait for them instead of failing after Ray Train's default 60 s.
     env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800"),
            # Ray Train routes every print in a worker through its logger, past redirect_stdout:
            # pycocotools' progress would fill the console at every evaluation.
            "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0"),
-           # Nothing to preempt on one machine: one process less per trial start.
-           **({"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")}
-              if local else {}),
            **fast_allocator(), **(env or {})}
     runtime_env: dict = {"env_vars": env}
-    if local:
+    if address == "local":
+        # Nothing to preempt on one machine: one process less per trial start.
+        env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"))
+        # Other clusters may run on this machine: each worker asks its own (address_own_cluster).
         runtime_env["worker_process_setup_hook"] = f"{__name__}.{address_own_cluster.__name__}"
     try:
         # Not without Ray's dashboard (3-4 s of CPU per run): it serves the State API, through which

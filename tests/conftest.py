@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,28 @@ def kill_session(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:  # it ended already
         pass
+
+
+def commands_in_session(session: int) -> dict[int, str]:
+    """The processes of one session (a command started with ``start_new_session``: what it
+    started, and only that), by pid: their command lines."""
+    return _commands_where(os.getsid, session)
+
+
+def commands_in_group(group: int) -> dict[int, str]:
+    """The processes of one process group, by pid: their command lines."""
+    return _commands_where(os.getpgid, group)
+
+
+def _commands_where(key: Callable[[int], int], value: int) -> dict[int, str]:
+    import psutil
+
+    found = {}
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(OSError, psutil.Error):  # it ended while we looked
+            if key(process.pid) == value:
+                found[process.pid] = " ".join(process.info["cmdline"] or ())
+    return found
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, commands_in_group
 
 
 def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = False, registered: bool = True,
@@ -174,21 +174,11 @@ def cluster_mlflow_server(tmp_path: Path, secret: dict[str, str]) -> Iterator[st
         said, _ = started.communicate(timeout=400)  # the script waits up to 300 s
         assert started.returncode == 0, said
         assert said.strip().endswith(f"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: created"), said
-        assert not any("huey" in command for command in group_commands(started.pid))  # MLflow's job runner is off
+        assert not any("huey" in command for command in commands_in_group(started.pid).values())  # MLflow's job runner is off
         yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(started.pid, signal.SIGTERM)  # the server, left running in the command's group
-
-
-def group_commands(group: int) -> list[str]:
-    """The command lines of the processes in process group ``group``."""
-    commands = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == group:
-                commands.append(stat.with_name("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-    return commands
 
 
 def assert_no_secret(report: dict, secret: str, tmp_path: Path) -> None:

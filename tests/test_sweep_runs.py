@@ -23,6 +23,7 @@ from .conftest import (
     REPO,
     SUBPROCESS_LIMIT,
     cli_environment,
+    commands_in_session,
     foreign_lines,
     kill_session,
     plain,
@@ -271,7 +272,7 @@ def kill_train_worker_after_a_checkpoint(storage: Path, session: int, timeout_s:
     while time.monotonic() < deadline:
         registered = [step for path in storage.glob("*-train-*/checkpoint_manager_snapshot.json")
                       for step in registered_steps(path)]
-        workers = [pid for pid in session_processes(session) if b"RayTrainWorker" in command_line(pid)]
+        workers = [pid for pid, command in commands_in_session(session).items() if "RayTrainWorker" in command]
         if registered and workers:
             os.kill(workers[0], signal.SIGKILL)
             return max(registered)
@@ -286,26 +287,6 @@ def registered_steps(snapshot: Path) -> list[int]:
     except (OSError, ValueError, KeyError):  # being written
         return []
     return [int(result["metrics"]["step"]) for result in results]
-
-
-def session_processes(session: int) -> list[int]:
-    """The processes of one session (``start_new_session``): what that command started, and only that."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it ended while we looked
-            continue
-        if int(fields[3]) == session:  # after the name: state, ppid, pgrp, session
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-def command_line(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def test_a_killed_driver_is_finished_by_resume_without_restarting_checkpointed_trials(tmp_path):
