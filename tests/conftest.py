@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,10 +17,28 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 RACCOON = SHARED / "datasets" / "raccoon"
 RACCOON_PIPELINE = RACCOON / "training" / "ssd_mobilenet_v1_pets.config"
-# Under pytest-timeout's 600 s per test (pyproject.toml): a subprocess that hangs is killed
-# with its session and the test fails with its stderr, instead of pytest-timeout failing the
-# test with neither and leaving the subprocess (a sweep, a Ray job) running.
-SUBPROCESS_LIMIT = 540
+# pytest-timeout fails a test past its limit (pyproject.toml, or the test's own mark) with
+# nothing of its subprocesses' output, and leaves them (a sweep, a Ray job) running. So every
+# wait on a subprocess ends this long before the running test's limit: the subprocess is
+# killed with its session, and the test fails with its stderr.
+MARGIN_S = 30
+_deadline = math.inf
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    """The running test's deadline, counted as pytest-timeout counts it: set-up included."""
+    global _deadline
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
+    _deadline = time.monotonic() + limit - MARGIN_S if limit else math.inf
+
+
+def time_left(timeout: float | None = None) -> float | None:
+    """``timeout``, cut to what the running test has left before its limit (less a margin);
+    None when neither bounds the wait."""
+    left = _deadline - time.monotonic() if timeout is None else min(timeout, _deadline - time.monotonic())
+    return None if left == math.inf else max(1.0, left)
 
 
 @pytest.fixture
@@ -34,9 +54,9 @@ def write(tmp_path: Path):
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = SUBPROCESS_LIMIT) -> subprocess.CompletedProcess:
+            timeout: float | None = None) -> subprocess.CompletedProcess:
     """Run the installed ``detsweep`` command as a user would, in a separate process; past
-    ``timeout`` seconds it is killed with everything it started (a local Ray cluster)."""
+    ``timeout`` seconds (or the test's own limit) it is killed with everything it started."""
     command = [sys.executable, "-m", "detsweep.cli", *args]
     return run_bounded(command, cwd=cwd or REPO, env=cli_environment(env), timeout=timeout)
 
@@ -49,9 +69,11 @@ def cli_environment(env: dict[str, str] | None = None) -> dict[str, str]:
     return {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
 
 
-def run_bounded(command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:
+def run_bounded(command: list[str], timeout: float | None = None, **options) -> subprocess.CompletedProcess:
     """``subprocess.run(command, capture_output=True, text=True)`` in a session of its own,
-    whose every process is killed when ``timeout`` passes (then the test fails, saying so)."""
+    whose every process is killed when ``timeout`` passes, or before the test's own limit
+    (then the test fails, saying so)."""
+    timeout = time_left(timeout)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True, **options)
     try:
@@ -63,10 +85,11 @@ def run_bounded(command: list[str], timeout: float, **options) -> subprocess.Com
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def run_on_terminal(command: list[str], timeout: float, **options) -> tuple[subprocess.CompletedProcess, str]:
+def run_on_terminal(command: list[str], timeout: float | None = None, **options) -> tuple[subprocess.CompletedProcess, str]:
     """``run_bounded`` with stderr on a pseudo-terminal, as a person at a terminal runs
     ``detsweep … --json > report.json``: returns the result (stdout captured) and everything
     the terminal was sent, control sequences included."""
+    timeout = time_left(timeout)
     import pty
     import threading
 

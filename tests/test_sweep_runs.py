@@ -21,7 +21,6 @@ import pytest
 
 from .conftest import (
     REPO,
-    SUBPROCESS_LIMIT,
     cli_environment,
     commands_in_session,
     foreign_lines,
@@ -29,6 +28,7 @@ from .conftest import (
     plain,
     run_cli,
     run_on_terminal,
+    time_left,
 )
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
 from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
@@ -146,7 +146,7 @@ def test_the_time_budget_stops_what_still_runs_its_run_ends_killed_and_a_termina
                        num_steps=2000, every=10)
     # run as a person at a terminal would, the report into a file: the progress on the terminal is live
     result, drawn = run_on_terminal([sys.executable, "-m", "detsweep.cli", "launch", str(sweep), "--no-register",
-                                        "--json"], cwd=tmp_path, env=cli_environment({"COLUMNS": "120"}), timeout=SUBPROCESS_LIMIT)
+                                        "--json"], cwd=tmp_path, env=cli_environment({"COLUMNS": "120"}))
     terminal = plain(drawn)
     assert result.returncode == 0, terminal[-3000:]
     report = json.loads(result.stdout)
@@ -217,7 +217,7 @@ def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
         checkpointed = kill_train_worker_after_a_checkpoint(tmp_path / "ray", session=launch.pid)
         time.sleep(max(0.0, 30 - (time.monotonic() - down_at)))  # the outage lasts 30 s
         with mlflow_server(tmp_path, port=port):
-            stdout, stderr = launch.communicate(timeout=SUBPROCESS_LIMIT)
+            stdout, stderr = launch.communicate(timeout=time_left())
             check_killed_worker_run(stdout, stderr, launch.returncode, checkpointed)
     finally:
         kill_session(launch)

@@ -22,7 +22,7 @@ from detsweep.train import TrainingDiverged, WorkerContext, run_training, with_f
 from detsweep.train.checkpoint import TrainingState, weights_fingerprint
 from detsweep.train.restore import load_trained_model
 
-from .conftest import RACCOON, REPO, SUBPROCESS_LIMIT, foreign_lines, run_bounded, run_cli
+from .conftest import RACCOON, REPO, foreign_lines, run_bounded, run_cli
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 # Small and short: 32 training images, 30 steps, eval and checkpoint every 10.
@@ -233,7 +233,7 @@ def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_
         [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
          "--set", "train.steps_per_loop=1", "--set", "train.eval_every=10", "--set", "train.checkpoint_every=0",
          "--set", "train.evaluation=async"],
-        cwd=REPO, timeout=SUBPROCESS_LIMIT, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
+        cwd=REPO, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
     assert result.returncode == 0, result.stderr[-3000:]
     flow = json.loads(result.stdout.strip().splitlines()[-1])
     loops = [(step, milestone) for kind, step, milestone, *_ in flow["arrived"] if kind == "loop"]

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import pytest
 
-from .conftest import REPO, SUBPROCESS_LIMIT, run_bounded, run_cli
+from .conftest import REPO, run_bounded, run_cli
 from .mlflow_checks import assert_no_secret, check_mlflow_runs, cluster_mlflow_server, free_port
 from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
 
@@ -173,7 +173,7 @@ def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoi
         [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", cluster.dashboard,
          "--runtime-env-json", json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": job_db}}),
          "--", sys.executable, "-m", "detsweep", "launch", str(sweep), "--address", "auto", "--json", "--no-register"],
-        cwd=REPO, timeout=SUBPROCESS_LIMIT)
+        cwd=REPO)
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
     [report] = [json.loads(line) for line in job.stdout.splitlines() if line.startswith('{"name"')]
     assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
