@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REPO, commands_in_group, time_left
+from .conftest import REPO, commands_in_group, kill_session, time_left
 
 
 def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = False, registered: bool = True,
@@ -173,8 +173,9 @@ def cluster_mlflow_server(tmp_path: Path, secret: dict[str, str]) -> Iterator[st
     try:
         try:
             said, _ = started.communicate(timeout=time_left(400))  # the script waits up to 300 s
-        except subprocess.TimeoutExpired as late:
-            pytest.fail(f"the head's MLflow start did not return; it said:\n{late.output}")
+        except subprocess.TimeoutExpired:
+            kill_session(started)
+            pytest.fail(f"the head's MLflow start did not return; it said:\n{started.communicate()[0]}")
         assert started.returncode == 0, said
         assert said.strip().endswith(f"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: created"), said
         assert not any("huey" in command for command in commands_in_group(started.pid).values())  # MLflow's job runner is off
