@@ -39,11 +39,12 @@ $(BROWSER):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver
 
-# Reinstalls when pyproject.toml changes; the venv itself is made only when missing.
+# Reinstalls when pyproject.toml changes; the venv itself is made only when missing. Nothing
+# is cached outside it (no pip cache).
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir --upgrade pip
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[dev]'
 	touch $@
 
 clean:

@@ -25,6 +25,39 @@ MARGIN_S = 30
 _deadline = math.inf
 
 
+_HOME_VARIABLES = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
+_user_home: dict[str, str | None] = {}
+_test_home: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests and every process they start get a home folder of their own, removed at the
+    end: the tools write their settings and caches there (matplotlib's font cache, Keras's
+    keras.json, MLflow's telemetry id, Chromium's profile), never into the user's. Set before
+    collection, because matplotlib and Keras read it when first imported."""
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="detsweep-tests-home-"))
+    _test_home.append(home)
+    _user_home.update({name: os.environ.get(name) for name in _HOME_VARIABLES})
+    os.environ["HOME"] = str(home)
+    for name, folder in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"),
+                         ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state")):
+        os.environ[name] = str(home / folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    for name, value in _user_home.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    for home in _test_home:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> None:
     """The running test's deadline, counted as pytest-timeout counts it: set-up included."""
