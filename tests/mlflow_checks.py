@@ -199,10 +199,29 @@ def assert_no_secret(report: dict, secret: str, tmp_path: Path) -> None:
         assert texts and not any(secret in path.read_text() for path in texts)
 
 
+# Ports a test may take for a server: above Ray's worker ports (10002-19999 by default) and
+# below the kernel's ephemeral range (32768 on), from which any process's outgoing connection
+# or bind to port 0 may take one between our check and the server's bind.
+PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port nobody listens on, never handed out before in this run: the several asked for
+    before any is bound (a cluster's dashboard and agents) cannot be the same one."""
+    import random
+
+    for port in random.SystemRandom().sample(PORTS, 200):  # not the seed pytest-randomly sets per test
+        if port in _handed_out:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # taken
+                continue
+        _handed_out.add(port)
+        return port
+    raise AssertionError(f"no free port among 200 tried in {PORTS}")
 
 
 @contextlib.contextmanager

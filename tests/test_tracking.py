@@ -54,6 +54,19 @@ def test_launch_refuses_a_tracking_uri_it_cannot_use(tmp_path):
         "expected an http(s):// MLflow server or a sqlite:/// file"]
 
 
+def test_ports_for_test_servers_are_free_distinct_and_outside_the_kernels_ephemeral_range():
+    """So no outgoing connection takes one between the check and the server's bind, and two
+    asked for before either is bound (a cluster's dashboard and its agents) differ."""
+    import socket
+
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(30)]
+    assert len(set(ports)) == 30 and not any(low <= port <= high for port in ports), (ports, low, high)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", ports[-1]))  # free indeed
+        listening.listen()
+
+
 def test_the_writer_retries_until_the_call_succeeds_and_keeps_the_order():
     done, failures = [], iter([ConnectionError("down"), ConnectionError("down")])
 
