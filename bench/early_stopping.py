@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from statistics import median
 
 from .common import REPO, Entry, Target, arguments, record
 
@@ -52,6 +53,24 @@ def configurations(report: dict) -> list[tuple]:
     return sorted(tuple(sorted(trial["config"].items())) for trial in report["trials"])
 
 
+def repeat_gaps(fifo: dict, asha: dict, metric: str, num_steps: int) -> list[float]:
+    """For each configuration both sweeps trained to ``num_steps``: how far apart its two final
+    ``metric`` values are. The same configuration trained twice, so this is run-to-run noise."""
+    def finals(report: dict) -> dict[tuple, float]:
+        return {tuple(sorted(trial["config"].items())): trial["metrics"][metric] for trial in report["trials"]
+                if trial["metrics"].get("step") == num_steps and metric in trial["metrics"]}
+
+    theirs = finals(asha)
+    return sorted(abs(value - theirs[config]) for config, value in finals(fifo).items() if config in theirs)
+
+
+def noise_note(gaps: list[float], metric: str, num_steps: int) -> str:
+    if not gaps:
+        return f"No configuration trained all {num_steps} steps in both sweeps: no measure of run-to-run noise."
+    return (f"Run-to-run noise: {len(gaps)} configurations trained all {num_steps} steps in both sweeps; their final "
+            f"{metric} differed by {median(gaps):.3f} in the median, {gaps[-1]:.3f} at most.")
+
+
 def main() -> None:
     parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=16)
@@ -70,15 +89,18 @@ def main() -> None:
             ["FIFO (full budget)", len(fifo["trials"]), steps["FIFO"], best["FIFO"], 0],
             ["ASHA", len(asha["trials"]), steps["ASHA"], best["ASHA"], stopped]]
     share, gap = steps["ASHA"] / steps["FIFO"], best["FIFO"] - best["ASHA"]
+    settings = asha_settings(overrides)
+    gaps = repeat_gaps(fifo, asha, metric, settings["num_steps"])
     record("early_stopping", Entry(
         title="Early stopping: FIFO vs ASHA on the same configurations (bench/early_stopping.py)",
         settings={"sweep": "sweeps/quickstart.yaml", "samples": samples, "overrides": overrides,
-                  **asha_settings(overrides)},
+                  **settings},
         rows=rows,
         targets=[Target("ASHA's steps / FIFO's", "<= 40%", share, share <= 0.4),
                  Target(f"FIFO's best {metric} - ASHA's", "<= 0.02", gap, gap <= 0.02)],
         notes=["Both sweeps drew the same configurations." if same else
-               "**The two sweeps drew different configurations**: compare with care."],
+               "**The two sweeps drew different configurations**: compare with care.",
+               noise_note(gaps, metric, settings["num_steps"])],
     ), args.out)
 
 
