@@ -90,8 +90,10 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     # The source detects something (150 steps scored as low as 0.048 here), well above the
     # allowance below, so the comparison means something.
     assert before > 3 * AP_NOISE, before
-    # 50 more steps on the same trajectory; AP_NOISE is the noise of COCO AP on 32 val images
-    assert out["metrics"]["eval/AP_best"] >= before - AP_NOISE, (out["metrics"], before)
+    # 50 more steps on the same trajectory keep most of it: a restart from step 0 would score
+    # ~0 after 50 steps. Not "no lower than before": on 2 threads, 50 more steps moved the
+    # source's AP by -0.018 to +0.010 in the runs measured here (0.079 to 0.061, 0.093 to 0.081).
+    assert out["metrics"]["eval/AP_best"] >= before / 2, (out["metrics"], before)
 
     from mlflow import MlflowClient
 
