@@ -49,15 +49,20 @@ def steps_spent(report: dict) -> int:
     return sum(int(trial["metrics"].get("step", 0)) for trial in report["trials"])
 
 
+def configuration(trial: dict) -> tuple:
+    """A trial's drawn values, comparable across the two sweeps."""
+    return tuple(sorted(trial["config"].items()))
+
+
 def configurations(report: dict) -> list[tuple]:
-    return sorted(tuple(sorted(trial["config"].items())) for trial in report["trials"])
+    return sorted(configuration(trial) for trial in report["trials"])
 
 
 def repeat_gaps(fifo: dict, asha: dict, metric: str, num_steps: int) -> list[float]:
     """For each configuration both sweeps trained to ``num_steps``: how far apart its two final
     ``metric`` values are. The same configuration trained twice, so this is run-to-run noise."""
     def finals(report: dict) -> dict[tuple, float]:
-        return {tuple(sorted(trial["config"].items())): trial["metrics"][metric] for trial in report["trials"]
+        return {configuration(trial): trial["metrics"][metric] for trial in report["trials"]
                 if trial["metrics"].get("step") == num_steps and metric in trial["metrics"]}
 
     theirs = finals(asha)

@@ -25,9 +25,10 @@ MARGIN_S = 30
 _deadline = math.inf
 
 
-_HOME_VARIABLES = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
-_user_home: dict[str, str | None] = {}
-_test_home: list[Path] = []
+# Each variable a tool finds its home folders by, and where it points inside the tests' home.
+_HOME_FOLDERS = {"HOME": "", "XDG_CONFIG_HOME": ".config", "XDG_CACHE_HOME": ".cache",
+                 "XDG_DATA_HOME": ".local/share", "XDG_STATE_HOME": ".local/state"}
+_user_home: dict[str, str | None] = {}  # what they were before the run
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,24 +39,23 @@ def pytest_configure(config: pytest.Config) -> None:
     import tempfile
 
     home = Path(tempfile.mkdtemp(prefix="detsweep-tests-home-"))
-    _test_home.append(home)
-    _user_home.update({name: os.environ.get(name) for name in _HOME_VARIABLES})
-    os.environ["HOME"] = str(home)
-    for name, folder in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"),
-                         ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state")):
+    _user_home.update({name: os.environ.get(name) for name in _HOME_FOLDERS})
+    for name, folder in _HOME_FOLDERS.items():
         os.environ[name] = str(home / folder)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     import shutil
 
+    if not _user_home:  # configure never ran: HOME is still the user's own
+        return
+    home = os.environ["HOME"]
     for name, value in _user_home.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    for home in _test_home:
-        shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
