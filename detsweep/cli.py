@@ -247,7 +247,9 @@ def validate_command(args: argparse.Namespace) -> int:
     if args.address:
         from detsweep.cluster import connect
 
-        connect(args.address)
+        # Only the cluster's size is asked: a raylet's warning (a full disk) must not join the
+        # one-line answer.
+        connect(args.address, cluster_logs=False)
     report = validation_report(sweep, cluster_nodes() if args.address else local_nodes(), strict=bool(args.address))
     if args.json:
         print(json.dumps(report))

@@ -78,10 +78,12 @@ def address_own_cluster() -> None:
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
-def connect(address: str | None = None, env: dict[str, str] | None = None) -> None:
+def connect(address: str | None = None, env: dict[str, str] | None = None, *, cluster_logs: bool = True) -> None:
     """``ray.init`` once per process: ``address`` of a running cluster (``auto``: the one
     ``ray start`` started on this machine), else ``RAY_ADDRESS``, else a new local cluster of its
-    own; ``env`` is added to every Ray worker's environment (MLflow credentials)."""
+    own; ``env`` is added to every Ray worker's environment (MLflow credentials). Without
+    ``cluster_logs`` the cluster's own processes (raylets, workers) print nothing here: for a
+    caller that only asks the cluster questions and answers in one line."""
     import ray
 
     if ray.is_initialized():
@@ -108,6 +110,6 @@ def connect(address: str | None = None, env: dict[str, str] | None = None) -> No
         # Ray Train's PlacementGroupCleaner sees a stopped trial's controller die and frees its
         # placement group; without it the next trial waited minutes for the CPUs (bench/RESULTS.md).
         ray.init(address=address, logging_level=logging.WARNING, configure_logging=True,
-                 runtime_env=runtime_env)
+                 runtime_env=runtime_env, log_to_driver=cluster_logs)
     except ConnectionError as error:
         raise DetsweepError(f"--address {address}: no Ray cluster answers there ({error})") from None
