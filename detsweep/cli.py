@@ -335,6 +335,9 @@ def format_replay(report: dict[str, Any]) -> str:
     nearest = sum(run["nearest"] for run in report["runs"])
     if nearest:
         lines.append(f"note: {nearest} drawn configuration(s) were not recorded and replayed the nearest recorded one")
+    resumed = sum(run.get("resumed", 0) for run in report["runs"])
+    if resumed:
+        lines.append(f"note: trials went on from a checkpoint {resumed} time(s) after HyperBand paused them")
     return "\n".join(lines)
 
 

@@ -36,13 +36,13 @@ def local_ray():
     ray.shutdown()
 
 
-def sweep_with(write, tmp_path, search: str):
+def sweep_with(write, tmp_path, search: str, checkpoint_every: int = 0):
     return load_sweep(write("sweep.yaml", f"""
 name: known-curves
 storage: {tmp_path / "ray"}
 base:
   from: {REPO / "configs" / "quickstart.yaml"}
-  train: {{num_steps: 40, steps_per_loop: 10, eval_every: 10, checkpoint_every: 0}}
+  train: {{num_steps: 40, steps_per_loop: 10, eval_every: 10, checkpoint_every: {checkpoint_every}}}
 search:
   metric: eval/AP_best
   mode: max
@@ -169,3 +169,28 @@ def test_a_finished_experiments_full_curves_replay_as_the_file_does(local_ray, w
     saved.write_text(json.dumps(curves_file(curves, "today, here", sweep="sweep.yaml")))
     assert load_curves(str(saved), sweep) == curves
     assert json.loads(saved.read_text())["recorded"] == "today, here"
+
+
+def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_they_paused(write, tmp_path):
+    """BOHB's HyperBand counts reports (one every 10 steps here, 4 in all): with a factor of 2
+    its largest bracket takes these 4 trials and ranks them at 1, 2 and 4 reports. Each waits,
+    paused, at steps 10 and 20 for the others, and the better half goes on from its checkpoint
+    there: 4 × 10 + 2 × 10 + 1 × 20 = 80 steps, none reported twice."""
+    sweep = sweep_with(write, tmp_path, f"""
+  algorithm: bohb
+  seed: 0
+  num_samples: 4
+  scheduler: {{type: hyperband, reduction_factor: 2}}
+  space:
+    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
+""", checkpoint_every=10)
+    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    [run] = report["runs"]
+    assert run["trials"] == 4 and run["resumed"] >= 1 and run["reported_twice"] == 0, run
+    assert (run["steps"], run["fifo_steps"]) == (80, 160), run
+    assert run["nearest"] == 4  # BOHB draws rates of its own: each replays the nearest recorded one
+    from detsweep.cli import format_replay  # what the command prints without --json
+
+    assert f"note: trials went on from a checkpoint {run['resumed']} time(s) after HyperBand paused them" in format_replay(report)

@@ -1,6 +1,7 @@
 """Sweep files: what validates, what fails before anything starts, and how many trials a grid makes."""
 
 import json
+import sys
 
 import pytest
 
@@ -8,7 +9,7 @@ from detsweep.errors import DetsweepError
 from detsweep.sweeps import load_sweep
 from detsweep.sweeps.launch import local_nodes, validation_report
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, run_bounded, run_cli
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 BASE = "base: {from: %s}\n" % (REPO / "configs" / "quickstart.yaml")
@@ -87,7 +88,11 @@ def test_the_scheduler_is_the_ray_tune_object_the_file_describes(write):
     ("  space:\n    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0, max: 0.1}\n",
      "min: found 0.0, expected > 0"),
     ("  algorithm: bayes\n", "search.algorithm: found 'bayes', expected one of random, grid, optuna"),
-    ("  scheduler: {type: hyperband}\n", "search.scheduler.type: found 'hyperband'"),
+    ("  scheduler: {type: hyperband}\n",
+     "search.algorithm: found 'random', expected algorithm bohb with scheduler hyperband: BOHB decides with HyperBand's"),
+    ("  algorithm: bohb\n", "search.scheduler.type: found 'fifo', expected algorithm bohb with scheduler hyperband"),
+    ("  algorithm: bohb\n  scheduler: {type: hyperband}\n  space:\n    optimizer.type: {grid: [adam, sgd]}\n",
+     "search.algorithm: found 'bohb', expected random or grid when the space has grid parameters"),
     ("  algorithm: optuna\n  space:\n    optimizer.type: {grid: [adam, sgd]}\n",
      "search.algorithm: found 'optuna', expected random or grid when the space has grid parameters"),
     ("  space:\n    optimizer.type: {values: [adam, lbfgs]}\n", "the value 'lbfgs' makes the trial invalid"),
@@ -137,6 +142,11 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
     ("  scheduler:\n    type: pbt\n    perturbation_interval: 100\n" + MUTATIONS,
      ["base.train.eval_every=600", "base.train.checkpoint_every=600"],
      "base.train.eval_every: found 600, expected a report of eval/AP_best between PBT's first perturbation (step 100)"),
+    ("  algorithm: bohb\n  scheduler: {type: hyperband}\n", ["base.train.checkpoint_every=600"],
+     "base.train.checkpoint_every: found 600, expected 200 (as base.train.eval_every): HyperBand pauses trials where "
+     "they report eval/AP_best and resumes them from a checkpoint there"),
+    ("  algorithm: bohb\n  scheduler: {type: hyperband, max_t: 800}\n", [],
+     "search.scheduler.max_t: found 800, expected at most base.train.num_steps (600)"),
     ("  scheduler: {type: asha, grace_period: 100, metric: eval/los, mode: min}\n", [],
      "search.scheduler.metric: found 'eval/los', expected a metric training reports: "),
     ("  scheduler: {type: asha, grace_period: 100, metric: train/loss}\n", [],
@@ -160,6 +170,28 @@ def test_schedulers_that_can_act_are_accepted(write):
     pbt = load_sweep(sweep_file(write, "  scheduler:\n    type: pbt\n    perturbation_interval: 200\n" + MUTATIONS))
     loss = load_sweep(sweep_file(write, "  metric: train/loss\n  mode: min\n  scheduler: {type: asha, grace_period: 20}\n"))
     assert (asha.search.scheduler.type, pbt.search.scheduler.type, loss.search.metric) == ("asha", "pbt", "train/loss")
+
+
+def test_bohb_with_hyperband_builds_tunes_objects_and_is_refused_in_one_line_where_it_is_not_installed(write):
+    """``detsweep[bohb]`` is an extra: a machine without it (here hpbandster hidden from the
+    import system) is told so by ``validate``, exit 2, before anything starts."""
+    from ray.tune.schedulers import HyperBandForBOHB
+    from ray.tune.search.bohb import TuneBOHB
+
+    from detsweep.sweeps.tuner import scheduler, searcher
+
+    path = sweep_file(write, "  algorithm: bohb\n  seed: 3\n  scheduler: {type: hyperband, reduction_factor: 4}\n")
+    sweep = load_sweep(path)
+    bohb, hyperband = searcher(sweep, 2), scheduler(sweep, 2)
+    assert isinstance(bohb, TuneBOHB) and (bohb._max_concurrent, bohb._seed) == (2, 3)
+    assert isinstance(hyperband, HyperBandForBOHB) and (hyperband._time_attr, hyperband._max_t_attr, hyperband._eta,
+                                                        hyperband.max_concurrent) == ("step", 600, 4, 2)
+    hidden = ("import sys; sys.modules['hpbandster'] = None; from detsweep.cli import main; "
+              f"sys.exit(main(['validate', {path!r}]))")
+    result = run_bounded([sys.executable, "-c", hidden], timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"detsweep: error: {path}: search.algorithm: found 'bohb', expected it installed: hpbandster missing "
+        "(pip install 'detsweep[bohb]')"), result.stderr
 
 
 def test_launch_with_a_misspelt_metric_exits_2_before_ray_or_mlflow_start(tmp_path):

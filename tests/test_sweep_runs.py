@@ -337,3 +337,40 @@ def wait_until_tune_state_names(experiment: Path, checkpoint: str, timeout_s: fl
                 pass
         time.sleep(0.5)
     raise AssertionError(f"Tune's experiment state never named a {checkpoint} in time")
+
+
+def test_bohb_ranks_paused_trials_stops_one_where_it_paused_and_resumes_the_other_from_its_checkpoint(tmp_path):
+    """``algorithm: bohb``: HyperBand counts reports (3 here, one every 10 steps); with a factor
+    of 3 its largest bracket ranks 3 trials at their first report, keeps 1 and trains it to the
+    end. These 2 both pause at step 10; with none left running the bracket is ranked: the
+    lower loss goes on from its own checkpoint there (a new Ray Train run that restores it, on
+    the same MLflow run, no step trained twice), the other stops where it paused. Tune's
+    saved state and files say so too: a finished sweep with no paused trial, no row lost."""
+    from mlflow import MlflowClient
+
+    sweep = tiny_sweep(tmp_path, """
+  metric: train/loss
+  mode: min
+  algorithm: bohb
+  seed: 0
+  num_samples: 2
+  max_concurrent_trials: 1
+  scheduler: {type: hyperband, reduction_factor: 3}
+  space:
+    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.01, max: 0.02}
+""", num_steps=30, every=10)
+    result, report = launch_json(str(sweep), "--no-register", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = results_of(Path(report["path"]))
+    at_10 = {trial_id: found[0]["train/loss"] for trial_id, found in rows.items()}
+    kept, stopped = sorted(at_10, key=at_10.get)
+    by_id = {trial["trial_id"]: trial for trial in report["trials"]}
+    assert (by_id[kept]["status"], by_id[kept]["metrics"]["step"]) == ("TERMINATED", 30), report["trials"]
+    assert (by_id[stopped]["status"], by_id[stopped]["metrics"]["step"]) == ("STOPPED", 10), report["trials"]
+    assert {trial_id: [row["step"] for row in found] for trial_id, found in rows.items()} == {
+        kept: [10, 20, 30], stopped: [10]}
+    check_mlflow_runs(report, num_steps=30, every=10, registered=False)
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
+    [restored] = client.get_metric_history(by_id[kept]["mlflow_run_id"], "restore/step")
+    assert restored.value == 10  # went on from its checkpoint at step 10, not from step 0
+    assert client.get_run(by_id[stopped]["mlflow_run_id"]).data.tags["early_stopped"] == "true"

@@ -16,11 +16,13 @@ A curves file (JSON) holds the swept paths and, per recorded configuration, its 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,7 @@ def load_curves(source: str, sweep: Sweep) -> Curves:
     MLflow experiment (its name) that trained their whole budget. Checked against the sweep:
     the same swept paths, and every metric the sweep decides on recorded for every trial."""
     if sweep.search.scheduler.type == "pbt":
-        raise DetsweepError(f"{sweep.path}: search.scheduler.type: found 'pbt', expected fifo or asha to replay "
+        raise DetsweepError(f"{sweep.path}: search.scheduler.type: found 'pbt', expected fifo, asha or hyperband to replay "
                             "(a recorded curve cannot continue from another trial's weights)")
     needed = sorted({sweep.search.metric, sweep.search.decided_by[0]})
     if source.endswith(".json") or Path(source).is_file():
@@ -143,15 +145,38 @@ def _from_experiment(name: str, sweep: Sweep, metrics: list[str]) -> tuple[list[
     return paths, trials
 
 
+@contextlib.contextmanager
+def _step_checkpoint(step: int | None) -> Iterator[tune.Checkpoint | None]:
+    """A checkpoint that holds only ``step`` (Tune copies it into the trial's folder); None for None."""
+    if step is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="detsweep-replay-step-") as folder:
+        Path(folder, "step").write_text(str(step))
+        yield tune.Checkpoint.from_directory(folder)
+
+
+def _resumed_at(checkpoint: tune.Checkpoint | None) -> int:
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as folder:
+        return int(Path(folder, "step").read_text())
+
+
 class _Timeline(tune.Callback):
-    """The steps every trial has reported so far, and that total when each trial first reported."""
+    """The steps every trial has reported so far, and that total when each trial first reported;
+    how often a trial went on from a pause, and how often one reported a step it had already."""
 
     def __init__(self):
         self.steps: dict[str, int] = {}
         self.first_seen: dict[str, int] = {}
+        self.resumed = self.reported_twice = 0
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        self.steps[trial.trial_id] = int(result["step"])
+        step = int(result["step"])
+        self.reported_twice += step <= self.steps.get(trial.trial_id, 0)
+        self.resumed += "resumed_at" in result
+        self.steps[trial.trial_id] = step
         self.first_seen.setdefault(trial.trial_id, sum(self.steps.values()))
 
 
@@ -161,14 +186,21 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
     metric, mode = sweep.search.metric, sweep.search.mode
     better = max if mode == "max" else min
 
+    pauses = sweep.search.scheduler.type == "hyperband"  # and resumes a trial from its checkpoint
+
     def recorded(config: dict) -> None:
         values = swept_values(config, curves.paths)
         index = curves.nearest(values)
-        exact, step = int(values == curves.configs[index]), 0
+        exact, step = int(values == curves.configs[index]), _resumed_at(tune.get_checkpoint())
+        resumed = {"resumed_at": step} if step else {}
         for report in curves.reports[index]:
+            if report["step"] <= step:  # reported before a pause
+                continue
             time.sleep(tick_s * (report["step"] - step))
             step = report["step"]
-            tune.report({"curve": index, "exact": exact, **report})
+            with _step_checkpoint(step if pauses else None) as checkpoint:
+                tune.report({"curve": index, "exact": exact, **resumed, **report}, checkpoint=checkpoint)
+            resumed = {}
 
     timeline = _Timeline()
     with tempfile.TemporaryDirectory(prefix="detsweep-replay-") as folder:
@@ -188,7 +220,8 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
     chosen = curves.final(returned[0], metric)
     return {"seed": seed, "trials": len(trials), "steps": spent, "fifo_steps": fifo, "share_of_fifo": spent / fifo,
             "returned": chosen, "regret": abs(best - chosen), "steps_until_returned_seen": returned[2],
-            "nearest": sum(1 for result in results if not result.metrics.get("exact", 1))}
+            "nearest": sum(1 for result in results if not result.metrics.get("exact", 1)),
+            "resumed": timeline.resumed, "reported_twice": timeline.reported_twice}
 
 
 def average_ranks(values: list[float]) -> list[float]:

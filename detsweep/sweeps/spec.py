@@ -35,15 +35,16 @@ from .space import Parameter
 
 
 class SchedulerSpec(Section):
-    type: Literal["fifo", "asha", "pbt"] = "fifo"
+    type: Literal["fifo", "asha", "pbt", "hyperband"] = "fifo"
     grace_period: int = Field(100, gt=0, description="ASHA: training steps before a trial can be stopped")
-    reduction_factor: float = Field(3.0, gt=1)
-    max_t: int | None = Field(None, gt=0, description="ASHA: steps of the longest trial (default base.train.num_steps)")
+    reduction_factor: float = Field(3.0, gt=1, description="ASHA, HyperBand: 1 of this many goes on at each rung")
+    max_t: int | None = Field(None, gt=0, description="ASHA, HyperBand: steps of the longest trial "
+                                                      "(default base.train.num_steps)")
     perturbation_interval: int = Field(100, gt=0, description="PBT: training steps between exploit/explore")
     quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="PBT: the bottom fraction copies the top one")
     synch: bool = Field(False, description="PBT: trials wait for each other at every perturbation (Ray Tune's synch)")
     mutations: dict[str, Parameter] = Field(default_factory=dict, description="PBT: dotted path → values or a distribution")
-    metric: str | None = Field(None, description="ASHA, PBT: what the scheduler decides on, if not search.metric "
+    metric: str | None = Field(None, description="ASHA, PBT, HyperBand: what the scheduler decides on, if not search.metric "
                                                  "(the best trial is still chosen by search.metric)")
     mode: Literal["max", "min"] | None = Field(None, description="with metric: whether more is better")
 
@@ -54,7 +55,7 @@ class SearchSpec(Section):
     num_samples: int = Field(4, gt=0, description="trials to sample (per grid point with a grid)")
     max_concurrent_trials: int | None = Field(None, gt=0, description="None: as many as the cluster fits")
     time_budget_s: float | None = Field(None, gt=0)
-    algorithm: Literal["random", "grid", "optuna"] = "random"
+    algorithm: Literal["random", "grid", "optuna", "bohb"] = "random"
     seed: int | None = None
     scheduler: SchedulerSpec = SchedulerSpec()
     include: list[str] = Field(default_factory=list, description="space files, relative to the sweep file")
@@ -70,8 +71,12 @@ class SearchSpec(Section):
     @model_validator(mode="after")
     def _searcher_fits_the_space_and_scheduler(self) -> SearchSpec:
         has_grid = any(parameter.is_grid for parameter in self.space.values())
-        if has_grid and self.algorithm == "optuna":
+        if has_grid and self.algorithm in ("optuna", "bohb"):
             raise invalid("algorithm", self.algorithm, "random or grid when the space has grid parameters")
+        # Tune's HyperBandForBOHB pauses trials for BOHB to fill its brackets; it works with no other searcher
+        if (self.algorithm == "bohb") != (self.scheduler.type == "hyperband"):
+            field, value = ("scheduler.type", self.scheduler.type) if self.algorithm == "bohb" else ("algorithm", self.algorithm)
+            raise invalid(field, value, "algorithm bohb with scheduler hyperband: BOHB decides with HyperBand's brackets")
         if self.algorithm == "optuna" and self.scheduler.type == "pbt":
             raise invalid("algorithm", self.algorithm, "random or grid with scheduler pbt (PBT chooses the next configurations itself)")
         if self.algorithm == "grid" and not has_grid:
@@ -126,6 +131,7 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> Sweep:
     if spec.search.scheduler.metric:
         _check_reports_carry_the_metric(base, path, spec.search.scheduler.metric, "search.scheduler.metric")
     _check_the_scheduler_fits(spec.search, base.train, path)
+    _check_the_searcher_is_installed(spec.search, path)
     return Sweep(spec.name, path, spec.base, base, spec.search, spec.storage)
 
 
@@ -212,12 +218,17 @@ def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str, 
                             f"{', '.join(known)}{did_you_mean(metric, known)}")
 
 
+def reports_every(train: TrainConfig, metric: str) -> int:
+    """Training steps between two reports of ``metric``: Tune sees it at the reports that carry
+    it, every evaluation or every loop."""
+    return train.eval_every if metric.startswith("eval") else train.steps_per_loop
+
+
 def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path) -> None:
     """A scheduler that could never act on these trials is a mistake to say before they run."""
     scheduler, steps = search.scheduler, train.num_steps
     metric, _ = search.decided_by
-    # Tune sees the metric at the reports that carry it: every evaluation, or every loop.
-    every = train.eval_every if metric.startswith("eval") else train.steps_per_loop
+    every = reports_every(train, metric)
     if scheduler.type == "asha":
         bound, limit = ("search.scheduler.max_t", scheduler.max_t) if (scheduler.max_t or steps) < steps \
             else ("base.train.num_steps", steps)
@@ -235,6 +246,26 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
             raise DetsweepError(f"{path}: base.train.checkpoint_every: found 0, expected checkpoints for PBT to copy")
         _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, metric, "PBT's first perturbation",
                                    path)
+    if scheduler.type == "hyperband":
+        if (scheduler.max_t or steps) > steps:
+            raise DetsweepError(f"{path}: search.scheduler.max_t: found {scheduler.max_t}, expected at most "
+                                f"base.train.num_steps ({steps})")
+        if train.checkpoint_every != every:
+            field = "base.train.eval_every" if metric.startswith("eval") else "base.train.steps_per_loop"
+            raise DetsweepError(f"{path}: base.train.checkpoint_every: found {train.checkpoint_every}, expected {every} "
+                                f"(as {field}): HyperBand pauses trials where they report {metric} and resumes them "
+                                "from a checkpoint there")
+
+
+def _check_the_searcher_is_installed(search: SearchSpec, path: Path) -> None:
+    """BOHB's libraries are an extra (``detsweep[bohb]``): without them, say so before Ray starts."""
+    import importlib.util
+
+    if search.algorithm == "bohb":
+        missing = [name for name in ("hpbandster", "ConfigSpace") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise DetsweepError(f"{path}: search.algorithm: found 'bohb', expected it installed: {' and '.join(missing)} "
+                                "missing (pip install 'detsweep[bohb]')")
 
 
 def _check_seen_before_the_end(step: int, every: int, steps: int, metric: str, what: str, path: Path) -> None:

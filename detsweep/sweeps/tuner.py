@@ -1,16 +1,19 @@
 """A validated sweep → a Ray Tune ``Tuner``: searcher, scheduler, and the trial trainable.
 
-The objects are the ones Ray Tune users compose by hand: ``BasicVariantGenerator`` or
-``OptunaSearch`` (TPE, seeded), and ``FIFOScheduler``, ``ASHAScheduler`` or
-``PopulationBasedTraining``, all measuring time in training steps (``time_attr="step"``).
+The objects are the ones Ray Tune users compose by hand: ``BasicVariantGenerator``,
+``OptunaSearch`` (TPE, seeded) or ``TuneBOHB``, and ``FIFOScheduler``, ``ASHAScheduler``,
+``PopulationBasedTraining`` or ``HyperBandForBOHB``, all measuring time in training steps
+(``time_attr="step"``).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from ray import tune
+from ray.tune.experiment import Trial
 
 from detsweep.config.loader import set_path
 from detsweep.tracking.trial_run import RunLink
@@ -19,7 +22,10 @@ from detsweep.trainables.trial import run_trial
 from .experiment import storage_path
 from .resources import TRIAL_DRIVER
 from .space import grid_points, swept_paths
-from .spec import Sweep
+from .spec import Sweep, reports_every
+from .trial_files import result_files
+
+REPORTS = "hyperband/reports"  # HyperBand's time: how many reports of the metric a trial has made
 
 
 def param_space(sweep: Sweep, tracking: RunLink) -> dict[str, Any]:
@@ -40,16 +46,22 @@ def param_space(sweep: Sweep, tracking: RunLink) -> dict[str, Any]:
 
 
 def searcher(sweep: Sweep, max_concurrent: int):
-    """Optuna's TPE (seeded) or Tune's random/grid generator; both hold ``max_concurrent`` trials
-    at once, so no trial waits for Ray Train workers that cannot be placed."""
+    """Optuna's TPE (seeded), BOHB (seeded) or Tune's random/grid generator; each holds
+    ``max_concurrent`` trials at once, so no trial waits for Ray Train workers that cannot be placed."""
     search = sweep.search
+    # A scheduler with a metric of its own takes Tune's metric and mode away: the model-based searchers get the objective here.
+    objective = {"metric": search.metric, "mode": search.mode} if search.scheduler.metric else {}
+    if search.algorithm == "bohb":
+        from ray.tune.search.bohb import TuneBOHB
+
+        # Not under a ConcurrencyLimiter: that would count the trials HyperBand paused as running,
+        # and a bracket would wait for trials that are never drawn. TuneBOHB limits the running ones.
+        return TuneBOHB(max_concurrent=max_concurrent, seed=search.seed, **objective)
     if search.algorithm == "optuna":
         import optuna
         from ray.tune.search import ConcurrencyLimiter
         from ray.tune.search.optuna import OptunaSearch
 
-        # A scheduler with a metric of its own takes Tune's metric and mode away: TPE gets the objective here.
-        objective = {"metric": search.metric, "mode": search.mode} if search.scheduler.metric else {}
         return ConcurrencyLimiter(OptunaSearch(sampler=optuna.samplers.TPESampler(seed=search.seed), **objective),
                                   max_concurrent)
     from ray.tune.search import BasicVariantGenerator
@@ -57,7 +69,8 @@ def searcher(sweep: Sweep, max_concurrent: int):
     return BasicVariantGenerator(random_state=search.seed, max_concurrent=max_concurrent)
 
 
-def scheduler(sweep: Sweep):
+def scheduler(sweep: Sweep, max_concurrent: int | None = None):
+    """``max_concurrent``: how many trials HyperBand may have running (none: no bound)."""
     spec = sweep.search.scheduler
     if spec.type == "asha":
         # ASHA stops a trial whose step reaches max_t; one past the last step lets a trial
@@ -75,7 +88,51 @@ def scheduler(sweep: Sweep):
             quantile_fraction=spec.quantile_fraction,
             hyperparam_mutations=mutations, synch=spec.synch,
         )
+    if spec.type == "hyperband":
+        # BOHB's HyperBand: trials pause at each rung (freeing their workers) until their bracket is
+        # ranked, then the best resume from their checkpoint there and the rest stop.
+        every = reports_every(sweep.base.train, sweep.search.decided_by[0])
+        return HyperBandForBOHB(
+            max_concurrent, every, metric=spec.metric, mode=spec.mode,
+            max_t=math.ceil((spec.max_t or sweep.base.train.num_steps) / every), reduction_factor=spec.reduction_factor,
+        )
     return tune.schedulers.FIFOScheduler()
+
+
+class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
+    """Tune's, with three changes.
+
+    - Time counts reports of the metric (one every ``every`` steps; ``max_t`` in those units).
+      HyperBand's rungs fall at max_t / eta^s, and in steps most would fall between two reports:
+      a trial that passed several would be ranked at each on the same value.
+    - A paused trial resumes only while fewer than ``max_concurrent`` trials run. Tune starts
+      whatever trial its scheduler picks, and a trial's own process asks for no CPU (its Ray
+      Train workers do): unbounded, every trial of a ranked bracket would resume at once, and
+      their workers queue for the CPUs of the few that fit.
+    - A trial stopped while paused is written to the experiment state. Tune (2.60) writes a
+      trial there only on its actor's events, and a paused trial has no actor: the state would
+      keep it PAUSED, an unfinished trial in a finished sweep, which ``resume`` would train on.
+    """
+
+    def __init__(self, max_concurrent: int | None, every: int, **options: Any):
+        super().__init__(time_attr=REPORTS, **options)
+        self.max_concurrent, self.every = max_concurrent, every
+
+    def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
+        return super().on_trial_result(tune_controller, trial, {**result, REPORTS: math.ceil(result["step"] / self.every)})
+
+    def choose_trial_to_run(self, tune_controller, allow_recurse: bool = True):
+        busy = sum(trial.status in (Trial.RUNNING, Trial.PENDING) for trial in tune_controller.get_trials())
+        if self.max_concurrent is not None and busy >= self.max_concurrent:
+            return None
+        return super().choose_trial_to_run(tune_controller, allow_recurse)
+
+    def on_trial_remove(self, tune_controller, trial: Trial) -> None:
+        super().on_trial_remove(tune_controller, trial)
+        if trial.status == Trial.PAUSED:  # being stopped: TERMINATED before the state is next written
+            # The wrapper Tune hands schedulers does not list this method; the controller has it.
+            controller = getattr(tune_controller, "_tune_controller", tune_controller)
+            controller._mark_trial_to_checkpoint(trial)
 
 
 def checkpoint_config(sweep: Sweep) -> tune.CheckpointConfig:
@@ -114,11 +171,12 @@ def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks:
         param_space=param_space(sweep, tracking),
         tune_config=tune.TuneConfig(
             metric=objective[0], mode=objective[1], num_samples=search.num_samples,
-            time_budget_s=search.time_budget_s, search_alg=searcher(sweep, concurrent), scheduler=scheduler(sweep),
+            time_budget_s=search.time_budget_s, search_alg=searcher(sweep, concurrent),
+            scheduler=scheduler(sweep, concurrent),
             trial_name_creator=trial_name, trial_dirname_creator=trial_name, reuse_actors=runs is not None,
         ),
         run_config=tune.RunConfig(
-            name=sweep.name, storage_path=storage_path(sweep), verbose=0, callbacks=callbacks,
+            name=sweep.name, storage_path=storage_path(sweep), verbose=0, callbacks=[*result_files(), *(callbacks or [])],
             checkpoint_config=checkpoint_config(sweep),
         ),
     )

@@ -28,11 +28,20 @@ from .trainer import ProgressLines, stream_training
 
 
 def trial_tree(tune_config: dict[str, Any]) -> dict[str, Any]:
-    """The trial's config tree: the sampled tree, plus the grid point's dotted overrides."""
+    """The trial's config tree: the sampled tree, plus the grid point's dotted overrides, in
+    Python's own types (BOHB draws NumPy scalars: ``np.str_('sgd')``, ``np.int64(30)``)."""
     tree = copy.deepcopy(tune_config.get("trial", {}))
     for dotted, value in tune_config.get("point", {}).items():
         set_path(tree, dotted, value)
-    return tree
+    return _plain(tree)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value.item() if hasattr(value, "item") and hasattr(value, "dtype") else value
 
 
 def trial_config(tune_config: dict[str, Any]) -> TrialConfig:
