@@ -194,3 +194,59 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
     from detsweep.cli import format_replay  # what the command prints without --json
 
     assert f"note: trials went on from a checkpoint {run['resumed']} time(s) after HyperBand paused them" in format_replay(report)
+
+
+def test_a_trial_started_again_keeps_the_result_rows_it_reported_since_tunes_last_copy_to_storage(local_ray, tmp_path):
+    """Tune's result files (``result.json``, ``progress.csv``) are staged on the driver and
+    copied to storage now and then. A trial with a checkpoint that starts again in the same
+    driver (after a pause, an exploit) keeps the staged rows, not storage's older copy; in a
+    new driver (``resume``) the stored rows are all there are, and they are copied back, with
+    a checkpoint or without."""
+    import csv
+    import shutil
+    from pathlib import Path
+
+    from ray.train._internal.session import _TrainingResult
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.experiment import Trial
+
+    from detsweep.sweeps.trial_files import result_files
+
+    storage = StorageContext(str(tmp_path / "stored"), "sweep", trial_dir_name="trial_a")
+    trial = Trial("__fake", stub=True, storage=storage, trial_id="a", config={})
+    trial.relative_logdir = trial.storage.trial_dir_name  # as a sweep's trial_dirname_creator names it
+
+    def start(callbacks: list, trial: Trial) -> list:
+        trial.init_local_path()  # as Tune does before it starts a trial
+        for callback in callbacks:
+            callback.log_trial_start(trial)
+        return callbacks
+
+    def report(callbacks: list, trial: Trial, step: int) -> None:
+        for callback in callbacks:
+            callback.log_trial_result(step // 10, trial, {"step": step, "train/loss": 1 / step})
+
+    def steps_in(folder: Path) -> tuple[list[int], list[int]]:
+        with open(folder / "progress.csv") as progress:
+            return ([json.loads(line)["step"] for line in (folder / "result.json").read_text().splitlines()],
+                    [int(row["step"]) for row in csv.DictReader(progress)])
+
+    driver = start(result_files(), trial)
+    staged, stored = Path(trial.local_path), Path(trial.storage.trial_fs_path)
+    report(driver, trial, 10)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    trial.on_checkpoint(_TrainingResult(checkpoint=tune.Checkpoint.from_directory(checkpoint), metrics={"step": 10}))
+    shutil.copytree(staged, stored)  # Tune's copy to storage, between two reports
+    report(driver, trial, 20)
+    start(driver, trial)  # the trial goes on from its checkpoint
+    report(driver, trial, 30)
+    assert steps_in(staged) == ([10, 20, 30], [10, 20, 30])
+
+    shutil.copytree(staged, stored, dirs_exist_ok=True)
+    shutil.rmtree(staged)
+    restored = Trial("__fake", stub=True, storage=storage, trial_id="a", config={})  # a new driver's, no checkpoint
+    restored.relative_logdir = trial.relative_logdir
+    assert restored.checkpoint is None and Path(restored.local_path) == staged
+    report(start(result_files(), restored), restored, 40)
+    assert steps_in(staged) == ([10, 20, 30, 40], [10, 20, 30, 40])

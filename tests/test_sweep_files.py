@@ -184,8 +184,10 @@ def test_bohb_with_hyperband_builds_tunes_objects_and_is_refused_in_one_line_whe
     sweep = load_sweep(path)
     bohb, hyperband = searcher(sweep, 2), scheduler(sweep, 2)
     assert isinstance(bohb, TuneBOHB) and (bohb._max_concurrent, bohb._seed) == (2, 3)
+    # time in reports of the metric: 600 steps, evaluated every 200
     assert isinstance(hyperband, HyperBandForBOHB) and (hyperband._time_attr, hyperband._max_t_attr, hyperband._eta,
-                                                        hyperband.max_concurrent) == ("step", 600, 4, 2)
+                                                        hyperband.max_concurrent, hyperband.every) == (
+        "hyperband/reports", 3, 4, 2, 200)
     hidden = ("import sys; sys.modules['hpbandster'] = None; from detsweep.cli import main; "
               f"sys.exit(main(['validate', {path!r}]))")
     result = run_bounded([sys.executable, "-c", hidden], timeout=120)
