@@ -196,6 +196,24 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
     assert f"note: trials went on from a checkpoint {run['resumed']} time(s) after HyperBand paused them" in format_replay(report)
 
 
+def test_bohbs_survivors_train_to_max_t_where_it_is_no_power_of_the_factor(write, tmp_path):
+    """4 reports and a factor of 3: HyperBand's largest bracket takes 3 trials and ranks them
+    at their first report. Tune's own would then train the one it keeps to report 3 (the first
+    rung, rounded down from 4/3, times 3); it trains to the last, step 40: 3 × 10 + 30 steps."""
+    sweep = sweep_with(write, tmp_path, f"""
+  algorithm: bohb
+  seed: 0
+  num_samples: 3
+  scheduler: {{type: hyperband, reduction_factor: 3}}
+  space:
+    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
+""", checkpoint_every=10)
+    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run] = json.loads(result.stdout)["runs"]
+    assert (run["trials"], run["steps"], run["reported_twice"]) == (3, 60, 0), run
+
+
 def test_a_trial_started_again_keeps_the_result_rows_it_reported_since_tunes_last_copy_to_storage(local_ray, tmp_path):
     """Tune's result files (``result.json``, ``progress.csv``) are staged on the driver and
     copied to storage now and then. A trial with a checkpoint that starts again in the same

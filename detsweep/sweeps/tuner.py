@@ -14,6 +14,7 @@ from typing import Any
 
 from ray import tune
 from ray.tune.experiment import Trial
+from ray.tune.schedulers import hyperband
 
 from detsweep.config.loader import set_path
 from detsweep.tracking.trial_run import RunLink
@@ -100,7 +101,7 @@ def scheduler(sweep: Sweep, max_concurrent: int | None = None):
 
 
 class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
-    """Tune's, with three changes.
+    """Tune's, with four changes.
 
     - Time counts reports of the metric (one every ``every`` steps; ``max_t`` in those units).
       HyperBand's rungs fall at max_t / eta^s, and in steps most would fall between two reports:
@@ -109,6 +110,7 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
       whatever trial its scheduler picks, and a trial's own process asks for no CPU (its Ray
       Train workers do): unbounded, every trial of a ranked bracket would resume at once, and
       their workers queue for the CPUs of the few that fit.
+    - A bracket's last rung is ``max_t`` (see ``_Bracket``).
     - A trial stopped while paused is written to the experiment state. Tune (2.60) writes a
       trial there only on its actor's events, and a paused trial has no actor: the state would
       keep it PAUSED, an unfinished trial in a finished sweep, which ``resume`` would train on.
@@ -117,6 +119,10 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
     def __init__(self, max_concurrent: int | None, every: int, **options: Any):
         super().__init__(time_attr=REPORTS, **options)
         self.max_concurrent, self.every = max_concurrent, every
+
+    def _create_bracket(self, s: int) -> _Bracket:
+        return _Bracket(time_attr=self._time_attr, max_trials=self._get_n0(s), init_t_attr=self._get_r0(s),
+                        max_t_attr=self._max_t_attr, eta=self._eta, s=s, stop_last_trials=self._stop_last_trials)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         return super().on_trial_result(tune_controller, trial, {**result, REPORTS: math.ceil(result["step"] / self.every)})
@@ -133,6 +139,18 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
             # The wrapper Tune hands schedulers does not list this method; the controller has it.
             controller = getattr(tune_controller, "_tune_controller", tune_controller)
             controller._mark_trial_to_checkpoint(trial)
+
+
+class _Bracket(hyperband._Bracket):
+    """Tune's bracket, whose last rung is ``max_t``. Tune rounds a bracket's first rung down
+    (max_t / eta^s) and multiplies up from there, so with 15 reports and a factor of 3 the
+    survivors stopped at 9: the trial a sweep returned had trained 60 % of its budget."""
+
+    def successive_halving(self, metric: str, metric_op: float) -> tuple[list[Trial], list[Trial]]:
+        good, bad = super().successive_halving(metric, metric_op)
+        if self._halves == 0:
+            self._r = self._cumul_r = self._max_t_attr
+        return good, bad
 
 
 def checkpoint_config(sweep: Sweep) -> tune.CheckpointConfig:
