@@ -35,6 +35,9 @@ SETTINGS = {
     "ASHA on eval/box_loss from step 60": asha("eval/box_loss", "min", 60),
     "ASHA on train/box_loss from step 40": asha("train/box_loss", "min", 40),
     "TPE + ASHA on eval/AP_best from step 80": ["search.algorithm=optuna", *asha("eval/AP_best", "max", 80)],
+    # HyperBand resumes a paused trial from a checkpoint where it paused: one at every evaluation
+    "BOHB + HyperBand on eval/AP_best (factor 3)": ["search.algorithm=bohb", "search.scheduler.type=hyperband",
+                                                    "search.scheduler.reduction_factor=3", "base.train.checkpoint_every=20"],
 }
 
 SIGNAL_METRICS = ("eval/AP_best", "eval_ema/AP50", "eval/loss", "eval_ema/loss", "eval/box_loss",

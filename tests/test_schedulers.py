@@ -36,13 +36,13 @@ def local_ray():
     ray.shutdown()
 
 
-def sweep_with(write, tmp_path, search: str, checkpoint_every: int = 0):
+def sweep_with(write, tmp_path, search: str, checkpoint_every: int = 0, eval_every: int = 10):
     return load_sweep(write("sweep.yaml", f"""
 name: known-curves
 storage: {tmp_path / "ray"}
 base:
   from: {REPO / "configs" / "quickstart.yaml"}
-  train: {{num_steps: 40, steps_per_loop: 10, eval_every: 10, checkpoint_every: {checkpoint_every}}}
+  train: {{num_steps: 40, steps_per_loop: 10, eval_every: {eval_every}, checkpoint_every: {checkpoint_every}}}
 search:
   metric: eval/AP_best
   mode: max
@@ -212,6 +212,24 @@ def test_bohbs_survivors_train_to_max_t_where_it_is_no_power_of_the_factor(write
     assert result.returncode == 0, result.stderr[-3000:]
     [run] = json.loads(result.stdout)["runs"]
     assert (run["trials"], run["steps"], run["reported_twice"]) == (3, 60, 0), run
+
+
+def test_a_replay_reports_where_the_sweep_evaluates_not_at_every_recorded_step(write, tmp_path):
+    """Curves recorded every 10 steps, a sweep that evaluates every 20: HyperBand counts 2
+    reports, and with a factor of 2 ranks 2 trials at the first, step 20 (not at the recorded
+    step 10): 2 × 20 + 20 steps."""
+    sweep = sweep_with(write, tmp_path, f"""
+  algorithm: bohb
+  seed: 0
+  num_samples: 2
+  scheduler: {{type: hyperband, reduction_factor: 2}}
+  space:
+    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
+""", checkpoint_every=20, eval_every=20)
+    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run] = json.loads(result.stdout)["runs"]
+    assert (run["trials"], run["steps"], run["reported_twice"]) == (2, 60, 0), run
 
 
 def test_a_trial_started_again_keeps_the_result_rows_it_reported_since_tunes_last_copy_to_storage(local_ray, tmp_path):

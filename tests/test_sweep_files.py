@@ -147,6 +147,9 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
      "they report eval/AP_best and resumes them from a checkpoint there"),
     ("  algorithm: bohb\n  scheduler: {type: hyperband, max_t: 800}\n", [],
      "search.scheduler.max_t: found 800, expected at most base.train.num_steps (600)"),
+    ("  algorithm: bohb\n  scheduler: {type: hyperband, metric: train/loss, mode: min}\n", [],
+     "search.scheduler.metric: found 'train/loss' (reported every 20 steps), expected a metric reported with "
+     "search.metric 'eval/AP_best' (every 200): HyperBand ranks trials where Tune hears them"),
     ("  scheduler: {type: asha, grace_period: 100, metric: eval/los, mode: min}\n", [],
      "search.scheduler.metric: found 'eval/los', expected a metric training reports: "),
     ("  scheduler: {type: asha, grace_period: 100, metric: train/loss}\n", [],

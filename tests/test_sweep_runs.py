@@ -374,3 +374,7 @@ def test_bohb_ranks_paused_trials_stops_one_where_it_paused_and_resumes_the_othe
     [restored] = client.get_metric_history(by_id[kept]["mlflow_run_id"], "restore/step")
     assert restored.value == 10  # went on from its checkpoint at step 10, not from step 0
     assert client.get_run(by_id[stopped]["mlflow_run_id"]).data.tags["early_stopped"] == "true"
+    again = run_cli("resume", report["path"], cwd=tmp_path)
+    assert (again.returncode, again.stderr.strip()) == (2, (
+        f"detsweep: error: {report['path']}: search.algorithm: found 'bohb', expected another to resume: Tune cannot "
+        "restore HyperBand's brackets; launch the sweep again"))

@@ -34,7 +34,7 @@ from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import swept_values
 
 from .space import swept_paths
-from .spec import Sweep
+from .spec import Sweep, reports_every
 from .tuner import build_tuner
 
 TICK_S = 0.002  # seconds of replay per training step: 300 steps take 0.6 s
@@ -187,14 +187,18 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
     better = max if mode == "max" else min
 
     pauses = sweep.search.scheduler.type == "hyperband"  # and resumes a trial from its checkpoint
+    every = reports_every(sweep.base.train, metric)  # Tune hears a trial where it reports the objective
 
     def recorded(config: dict) -> None:
         values = swept_values(config, curves.paths)
         index = curves.nearest(values)
         exact, step = int(values == curves.configs[index]), _resumed_at(tune.get_checkpoint())
         resumed = {"resumed_at": step} if step else {}
+        last = curves.reports[index][-1]["step"]
         for report in curves.reports[index]:
             if report["step"] <= step:  # reported before a pause
+                continue
+            if report["step"] % every and report["step"] != last:  # recorded, but not where this sweep reports
                 continue
             time.sleep(tick_s * (report["step"] - step))
             step = report["step"]

@@ -247,6 +247,10 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
         _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, metric, "PBT's first perturbation",
                                    path)
     if scheduler.type == "hyperband":
+        if every != reports_every(train, search.metric):  # HyperBand ranks at the reports Tune gets: the objective's
+            raise DetsweepError(f"{path}: search.scheduler.metric: found {metric!r} (reported every {every} steps), "
+                                f"expected a metric reported with search.metric {search.metric!r} (every "
+                                f"{reports_every(train, search.metric)}): HyperBand ranks trials where Tune hears them")
         if (scheduler.max_t or steps) > steps:
             raise DetsweepError(f"{path}: search.scheduler.max_t: found {scheduler.max_t}, expected at most "
                                 f"base.train.num_steps ({steps})")

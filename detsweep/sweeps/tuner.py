@@ -92,7 +92,7 @@ def scheduler(sweep: Sweep, max_concurrent: int | None = None):
     if spec.type == "hyperband":
         # BOHB's HyperBand: trials pause at each rung (freeing their workers) until their bracket is
         # ranked, then the best resume from their checkpoint there and the rest stop.
-        every = reports_every(sweep.base.train, sweep.search.decided_by[0])
+        every = reports_every(sweep.base.train, sweep.search.metric)  # Tune hears a trial at the objective's reports
         return HyperBandForBOHB(
             max_concurrent, every, metric=spec.metric, mode=spec.mode,
             max_t=math.ceil((spec.max_t or sweep.base.train.num_steps) / every), reduction_factor=spec.reduction_factor,
