@@ -145,6 +145,9 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
     ("  algorithm: bohb\n  scheduler: {type: hyperband}\n", ["base.train.checkpoint_every=600"],
      "base.train.checkpoint_every: found 600, expected 200 (as base.train.eval_every): HyperBand pauses trials where "
      "they report eval/AP_best and resumes them from a checkpoint there"),
+    ("  algorithm: bohb\n  scheduler: {type: hyperband}\n", ["base.train.eval_every=0", "base.train.checkpoint_every=0"],
+     "base.train.eval_every: found 0, expected reports of eval/AP_best before base.train.num_steps (600): HyperBand "
+     "ranks trials at them"),
     ("  algorithm: bohb\n  scheduler: {type: hyperband, max_t: 800}\n", [],
      "search.scheduler.max_t: found 800, expected at most base.train.num_steps (600)"),
     ("  algorithm: bohb\n  scheduler: {type: hyperband, metric: train/loss, mode: min}\n", [],

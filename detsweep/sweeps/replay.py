@@ -198,8 +198,8 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
         for report in curves.reports[index]:
             if report["step"] <= step:  # reported before a pause
                 continue
-            if report["step"] % every and report["step"] != last:  # recorded, but not where this sweep reports
-                continue
+            if report["step"] != last and not (every and report["step"] % every == 0):
+                continue  # recorded, but not where this sweep reports
             time.sleep(tick_s * (report["step"] - step))
             step = report["step"]
             with _step_checkpoint(step if pauses else None) as checkpoint:

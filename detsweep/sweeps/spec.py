@@ -247,6 +247,10 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
         _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, metric, "PBT's first perturbation",
                                    path)
     if scheduler.type == "hyperband":
+        field = "base.train.eval_every" if metric.startswith("eval") else "base.train.steps_per_loop"
+        if not every:
+            raise DetsweepError(f"{path}: {field}: found 0, expected reports of {metric} before base.train.num_steps "
+                                f"({steps}): HyperBand ranks trials at them")
         if every != reports_every(train, search.metric):  # HyperBand ranks at the reports Tune gets: the objective's
             raise DetsweepError(f"{path}: search.scheduler.metric: found {metric!r} (reported every {every} steps), "
                                 f"expected a metric reported with search.metric {search.metric!r} (every "
@@ -255,7 +259,6 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
             raise DetsweepError(f"{path}: search.scheduler.max_t: found {scheduler.max_t}, expected at most "
                                 f"base.train.num_steps ({steps})")
         if train.checkpoint_every != every:
-            field = "base.train.eval_every" if metric.startswith("eval") else "base.train.steps_per_loop"
             raise DetsweepError(f"{path}: base.train.checkpoint_every: found {train.checkpoint_every}, expected {every} "
                                 f"(as {field}): HyperBand pauses trials where they report {metric} and resumes them "
                                 "from a checkpoint there")
