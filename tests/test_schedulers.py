@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 import ray
 from ray import tune
 
 from detsweep.sweeps import load_sweep
-from detsweep.sweeps.tuner import build_tuner, scheduler, searcher
+from detsweep.sweeps.tuner import build_tuner, param_space, scheduler, searcher
 from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import swept_values
 
@@ -27,6 +29,21 @@ def lr_reported(config: dict) -> None:
     [rate] = swept_values(config, [LR]).values()
     for step in (10, 20, 30, 40):
         tune.report({"step": step, "train/loss": rate, "eval/AP_best": rate})
+
+
+def lr_reported_from_checkpoints(config: dict) -> None:
+    """``lr_reported``, with a checkpoint at every step, going on from one when given it (as
+    HyperBand resumes a paused trial)."""
+    [rate] = swept_values(config, [LR]).values()
+    start = 0
+    if checkpoint := tune.get_checkpoint():
+        with checkpoint.as_directory() as folder:
+            start = int(Path(folder, "step").read_text())
+    for step in range(start + 10, 41, 10):
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "step").write_text(str(step))
+            tune.report({"step": step, "train/loss": rate, "eval/AP_best": rate},
+                        checkpoint=tune.Checkpoint.from_directory(folder))
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +213,32 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
     assert f"note: trials went on from a checkpoint {run['resumed']} time(s) after HyperBand paused them" in format_replay(report)
 
 
+def test_bohbs_model_learns_from_the_results_hyperband_ranks(local_ray, write, tmp_path):
+    """TuneBOHB fits its model only on results its scheduler marked with their budget (Tune
+    hands both the same result), and only with 2 × (parameters + 1) of them at one budget: 4
+    here. 4 reports and a factor of 4: brackets of 4 trials ranked at their first report
+    (whose results reach the model, all but a trial stopped on its own report) and of 2 run
+    to the end (whose results never do: Tune tells no searcher of a stopping result), then
+    again: 10 trials give the model at least 6 results at budget 1, and it is fitted."""
+    sweep = sweep_with(write, tmp_path, f"""
+  algorithm: bohb
+  seed: 0
+  num_samples: 10
+  scheduler: {{type: hyperband, reduction_factor: 4}}
+  space:
+    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
+""", checkpoint_every=10)
+    bohb, hyperband = searcher(sweep, 1), scheduler(sweep, 1)
+    tuner = tune.Tuner(lr_reported_from_checkpoints, param_space=param_space(sweep, RunLink("sqlite:///unused.db", "0", None)),
+                       tune_config=tune.TuneConfig(metric="eval/AP_best", mode="max", num_samples=10, search_alg=bohb,
+                                                   scheduler=hyperband),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), name="bohb", verbose=0))
+    assert not tuner.fit().errors
+    learned = {budget: len(losses) for budget, losses in bohb.bohber.losses.items()}
+    assert learned.get(1, 0) >= 6 and set(learned) <= {1, 4}, learned
+    assert 1 in bohb.bohber.kde_models  # its densities, fitted on them (statsmodels' KDE)
+
+
 def test_bohbs_survivors_train_to_max_t_where_it_is_no_power_of_the_factor(write, tmp_path):
     """4 reports and a factor of 3: HyperBand's largest bracket takes 3 trials and ranks them
     at their first report. Tune's own would then train the one it keeps to report 3 (the first
@@ -236,8 +279,7 @@ def test_a_trial_started_again_keeps_the_result_rows_it_reported_since_tunes_las
     """Tune's result files (``result.json``, ``progress.csv``) are staged on the driver and
     copied to storage now and then. A trial with a checkpoint that starts again in the same
     driver (after a pause, an exploit) keeps the staged rows, not storage's older copy; in a
-    new driver (``resume``) the stored rows are all there are, and they are copied back, with
-    a checkpoint or without."""
+    new driver (``resume``) the stored rows are all there are, and they are copied back."""
     import csv
     import shutil
     from pathlib import Path
@@ -281,8 +323,9 @@ def test_a_trial_started_again_keeps_the_result_rows_it_reported_since_tunes_las
 
     shutil.copytree(staged, stored, dirs_exist_ok=True)
     shutil.rmtree(staged)
-    restored = Trial("__fake", stub=True, storage=storage, trial_id="a", config={})  # a new driver's, no checkpoint
+    restored = Trial("__fake", stub=True, storage=storage, trial_id="a", config={})  # a new driver's
     restored.relative_logdir = trial.relative_logdir
-    assert restored.checkpoint is None and Path(restored.local_path) == staged
+    restored.on_checkpoint(_TrainingResult(checkpoint=tune.Checkpoint.from_directory(checkpoint), metrics={"step": 30}))
+    assert Path(restored.local_path) == staged
     report(start(result_files(), restored), restored, 40)
     assert steps_in(staged) == ([10, 20, 30, 40], [10, 20, 30, 40])

@@ -93,6 +93,13 @@ def test_the_scheduler_is_the_ray_tune_object_the_file_describes(write):
     ("  algorithm: bohb\n", "search.scheduler.type: found 'fifo', expected algorithm bohb with scheduler hyperband"),
     ("  algorithm: bohb\n  scheduler: {type: hyperband}\n  space:\n    optimizer.type: {grid: [adam, sgd]}\n",
      "search.algorithm: found 'bohb', expected random or grid when the space has grid parameters"),
+    ("  algorithm: bohb\n  scheduler: {type: hyperband}\n  space:\n    optimizer.moving_average_decay: "
+     "{distribution: normal, mu: 0.99, sigma: 0.001}\n",
+     "search.space.optimizer.moving_average_decay.distribution: found 'normal', expected a bounded distribution with "
+     "algorithm bohb"),
+    ("  algorithm: optuna\n  space:\n    optimizer.moving_average_decay: {distribution: normal, mu: 0.99, sigma: 0.001}\n",
+     "search.space.optimizer.moving_average_decay.distribution: found 'normal', expected a bounded distribution with "
+     "algorithm optuna"),
     ("  algorithm: optuna\n  space:\n    optimizer.type: {grid: [adam, sgd]}\n",
      "search.algorithm: found 'optuna', expected random or grid when the space has grid parameters"),
     ("  space:\n    optimizer.type: {values: [adam, lbfgs]}\n", "the value 'lbfgs' makes the trial invalid"),

@@ -77,6 +77,9 @@ class SearchSpec(Section):
         if (self.algorithm == "bohb") != (self.scheduler.type == "hyperband"):
             field, value = ("scheduler.type", self.scheduler.type) if self.algorithm == "bohb" else ("algorithm", self.algorithm)
             raise invalid(field, value, "algorithm bohb with scheduler hyperband: BOHB decides with HyperBand's brackets")
+        for path, parameter in self.space.items():  # neither converts an unbounded distribution
+            if self.algorithm in ("optuna", "bohb") and parameter.distribution == "normal":
+                raise invalid(f"space.{path}.distribution", "normal", f"a bounded distribution with algorithm {self.algorithm}")
         if self.algorithm == "optuna" and self.scheduler.type == "pbt":
             raise invalid("algorithm", self.algorithm, "random or grid with scheduler pbt (PBT chooses the next configurations itself)")
         if self.algorithm == "grid" and not has_grid:

@@ -6,25 +6,20 @@ every few seconds. When a trial with a checkpoint starts again, Tune's loggers f
 stored file back over the staged one, and a trial that ran since the last copy loses the rows
 it reported in between (a paused trial resumed 3 s later lost its first result here). Within a
 driver the staged file is the newer one; only a new driver (``detsweep resume``) starts without
-it, and then the stored one is all there is, checkpoint or not.
+it, and then Tune's own copy is right (the stored file, for a trial with a checkpoint).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.fs
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 
 class _KeepsTheStagedFile:
     def _restore_from_remote(self, file_name: str, trial) -> None:
-        staged = Path(trial.local_path, file_name)
-        if staged.exists():
-            return
-        stored = Path(trial.storage.trial_fs_path, file_name).as_posix()
-        if trial.storage.storage_filesystem.get_file_info(stored).type == pyarrow.fs.FileType.File:
-            pyarrow.fs.copy_files(stored, staged.as_posix(), source_filesystem=trial.storage.storage_filesystem)
+        if not Path(trial.local_path, file_name).exists():
+            super()._restore_from_remote(file_name, trial)
 
 
 class JsonResults(_KeepsTheStagedFile, JsonLoggerCallback):

@@ -110,7 +110,7 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
       whatever trial its scheduler picks, and a trial's own process asks for no CPU (its Ray
       Train workers do): unbounded, every trial of a ranked bracket would resume at once, and
       their workers queue for the CPUs of the few that fit.
-    - A bracket's last rung is ``max_t`` (see ``_Bracket``).
+    - Its brackets end at ``max_t`` and fill as trials arrive (see ``_Bracket``).
     - A trial stopped while paused is written to the experiment state. Tune (2.60) writes a
       trial there only on its actor's events, and a paused trial has no actor: the state would
       keep it PAUSED, an unfinished trial in a finished sweep, which ``resume`` would train on.
@@ -125,7 +125,11 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
                         max_t_attr=self._max_t_attr, eta=self._eta, s=s, stop_last_trials=self._stop_last_trials)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
-        return super().on_trial_result(tune_controller, trial, {**result, REPORTS: math.ceil(result["step"] / self.every)})
+        # In place: Tune hands this same dict on to TuneBOHB, which learns only from the results
+        # the scheduler marked with their budget (``hyperband_info``). It is Tune's flattened
+        # copy, not what the trial's loggers see.
+        result[REPORTS] = math.ceil(result["step"] / self.every)
+        return super().on_trial_result(tune_controller, trial, result)
 
     def choose_trial_to_run(self, tune_controller, allow_recurse: bool = True):
         busy = sum(trial.status in (Trial.RUNNING, Trial.PENDING) for trial in tune_controller.get_trials())
@@ -142,9 +146,19 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
 
 
 class _Bracket(hyperband._Bracket):
-    """Tune's bracket, whose last rung is ``max_t``. Tune rounds a bracket's first rung down
-    (max_t / eta^s) and multiplies up from there, so with 15 reports and a factor of 3 the
-    survivors stopped at 9: the trial a sweep returned had trained 60 % of its budget."""
+    """Tune's bracket, with two changes.
+
+    - Its last rung is ``max_t``. Tune rounds a bracket's first rung down (max_t / eta^s) and
+      multiplies up from there, so with 15 reports and a factor of 3 the survivors stopped at
+      9: the trial a sweep returned had trained 60 % of its budget.
+    - It is filled once its ``n`` trials have arrived. Tune counts the trials still in it, and
+      a trial of a bracket with no rung before max_t leaves it when it finishes: with fewer
+      trials at once than such a bracket holds, it never filled, and every later trial of the
+      sweep joined it and ran its whole budget (FIFO, and no result for BOHB's model).
+    """
+
+    def filled(self) -> bool:
+        return len(self._all_trials) >= self._n0
 
     def successive_halving(self, metric: str, metric_op: float) -> tuple[list[Trial], list[Trial]]:
         good, bad = super().successive_halving(metric, metric_op)
