@@ -218,8 +218,9 @@ def test_bohbs_model_learns_from_the_results_hyperband_ranks(local_ray, write, t
     hands both the same result), and only with 2 × (parameters + 1) of them at one budget: 4
     here. 4 reports and a factor of 4: brackets of 4 trials ranked at their first report
     (whose results reach the model, all but a trial stopped on its own report) and of 2 run
-    to the end (whose results never do: Tune tells no searcher of a stopping result), then
-    again: 10 trials give the model at least 6 results at budget 1, and it is fitted."""
+    to the end (Tune tells no searcher of a stopping result; one paused there may reach it at
+    budget 4), then again: 10 trials give the model at least 6 results at budget 1, and it
+    is fitted."""
     sweep = sweep_with(write, tmp_path, f"""
   algorithm: bohb
   seed: 0

@@ -151,14 +151,16 @@ class _Bracket(hyperband._Bracket):
     - Its last rung is ``max_t``. Tune rounds a bracket's first rung down (max_t / eta^s) and
       multiplies up from there, so with 15 reports and a factor of 3 the survivors stopped at
       9: the trial a sweep returned had trained 60 % of its budget.
-    - It is filled once its ``n`` trials have arrived. Tune counts the trials still in it, and
-      a trial of a bracket with no rung before max_t leaves it when it finishes: with fewer
-      trials at once than such a bracket holds, it never filled, and every later trial of the
-      sweep joined it and ran its whole budget (FIFO, and no result for BOHB's model).
+    - It is filled once its ``n`` trials have arrived, or once it has been ranked. Tune counts
+      the trials still in it, and a trial of a bracket with no rung before max_t leaves it when
+      it finishes: with fewer trials at once than such a bracket holds, it never filled, and
+      every later trial of the sweep joined it and ran its whole budget (FIFO, and no result
+      for BOHB's model). A bracket Tune ranked early (all its trials errored, say) takes no
+      more: they would join past its first rung.
     """
 
     def filled(self) -> bool:
-        return len(self._all_trials) >= self._n0
+        return self.is_being_processed or len(self._all_trials) >= self._n0
 
     def successive_halving(self, metric: str, metric_op: float) -> tuple[list[Trial], list[Trial]]:
         good, bad = super().successive_halving(metric, metric_op)
