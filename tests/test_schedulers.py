@@ -188,22 +188,32 @@ def test_a_finished_experiments_full_curves_replay_as_the_file_does(local_ray, w
     assert json.loads(saved.read_text())["recorded"] == "today, here"
 
 
+def bohb_on_the_rate(num_samples: int, factor: int) -> str:
+    """The search block of a BOHB sweep over the learning rate (seed 0)."""
+    return f"""
+  algorithm: bohb
+  seed: 0
+  num_samples: {num_samples}
+  scheduler: {{type: hyperband, reduction_factor: {factor}}}
+  space:
+    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
+"""
+
+
+def replayed(write, sweep) -> dict:
+    """``detsweep replay --json`` of ``sweep`` on the hand-made curves: its report."""
+    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
 def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_they_paused(write, tmp_path):
     """BOHB's HyperBand counts reports (one every 10 steps here, 4 in all): with a factor of 2
     its largest bracket takes these 4 trials and ranks them at 1, 2 and 4 reports. Each waits,
     paused, at steps 10 and 20 for the others, and the better half goes on from its checkpoint
     there: 4 × 10 + 2 × 10 + 1 × 20 = 80 steps, none reported twice."""
-    sweep = sweep_with(write, tmp_path, f"""
-  algorithm: bohb
-  seed: 0
-  num_samples: 4
-  scheduler: {{type: hyperband, reduction_factor: 2}}
-  space:
-    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
-""", checkpoint_every=10)
-    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    sweep = sweep_with(write, tmp_path, bohb_on_the_rate(4, 2), checkpoint_every=10)
+    report = replayed(write, sweep)
     [run] = report["runs"]
     assert run["trials"] == 4 and run["resumed"] >= 1 and run["reported_twice"] == 0, run
     assert (run["steps"], run["fifo_steps"]) == (80, 160), run
@@ -221,14 +231,7 @@ def test_bohbs_model_learns_from_the_results_hyperband_ranks(local_ray, write, t
     to the end (Tune tells no searcher of a stopping result; one paused there may reach it at
     budget 4), then again: 10 trials give the model at least 6 results at budget 1, and it
     is fitted."""
-    sweep = sweep_with(write, tmp_path, f"""
-  algorithm: bohb
-  seed: 0
-  num_samples: 10
-  scheduler: {{type: hyperband, reduction_factor: 4}}
-  space:
-    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
-""", checkpoint_every=10)
+    sweep = sweep_with(write, tmp_path, bohb_on_the_rate(10, 4), checkpoint_every=10)
     bohb, hyperband = searcher(sweep, 1), scheduler(sweep, 1)
     tuner = tune.Tuner(lr_reported_from_checkpoints, param_space=param_space(sweep, RunLink("sqlite:///unused.db", "0", None)),
                        tune_config=tune.TuneConfig(metric="eval/AP_best", mode="max", num_samples=10, search_alg=bohb,
@@ -244,17 +247,8 @@ def test_bohbs_survivors_train_to_max_t_where_it_is_no_power_of_the_factor(write
     """4 reports and a factor of 3: HyperBand's largest bracket takes 3 trials and ranks them
     at their first report. Tune's own would then train the one it keeps to report 3 (the first
     rung, rounded down from 4/3, times 3); it trains to the last, step 40: 3 × 10 + 30 steps."""
-    sweep = sweep_with(write, tmp_path, f"""
-  algorithm: bohb
-  seed: 0
-  num_samples: 3
-  scheduler: {{type: hyperband, reduction_factor: 3}}
-  space:
-    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
-""", checkpoint_every=10)
-    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    [run] = json.loads(result.stdout)["runs"]
+    sweep = sweep_with(write, tmp_path, bohb_on_the_rate(3, 3), checkpoint_every=10)
+    [run] = replayed(write, sweep)["runs"]
     assert (run["trials"], run["steps"], run["reported_twice"]) == (3, 60, 0), run
 
 
@@ -262,17 +256,8 @@ def test_a_replay_reports_where_the_sweep_evaluates_not_at_every_recorded_step(w
     """Curves recorded every 10 steps, a sweep that evaluates every 20: HyperBand counts 2
     reports, and with a factor of 2 ranks 2 trials at the first, step 20 (not at the recorded
     step 10): 2 × 20 + 20 steps."""
-    sweep = sweep_with(write, tmp_path, f"""
-  algorithm: bohb
-  seed: 0
-  num_samples: 2
-  scheduler: {{type: hyperband, reduction_factor: 2}}
-  space:
-    {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
-""", checkpoint_every=20, eval_every=20)
-    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    [run] = json.loads(result.stdout)["runs"]
+    sweep = sweep_with(write, tmp_path, bohb_on_the_rate(2, 2), checkpoint_every=20, eval_every=20)
+    [run] = replayed(write, sweep)["runs"]
     assert (run["trials"], run["steps"], run["reported_twice"]) == (2, 60, 0), run
 
 
@@ -283,7 +268,6 @@ def test_a_trial_started_again_keeps_the_result_rows_it_reported_since_tunes_las
     new driver (``resume``) the stored rows are all there are, and they are copied back."""
     import csv
     import shutil
-    from pathlib import Path
 
     from ray.train._internal.session import _TrainingResult
     from ray.train._internal.storage import StorageContext

@@ -179,6 +179,18 @@ def set_path(tree: dict[str, Any], path: str, value: Any, keyed_by_path: Mapping
     return path
 
 
+def plain(value: Any) -> Any:
+    """``value`` in Python's own types: NumPy scalars (what Tune's searchers draw, what Keras
+    reports) become Python numbers and strings, also inside dicts and lists."""
+    import numpy as np  # not at import: the command line reads configs without it
+
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _mapping_at(tree: dict[str, Any], prefix: str, path: str) -> dict[str, Any]:
     node: Any = tree
     for key in prefix.split("."):

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from detsweep.config import LearningRateConfig, TrialConfig
+from detsweep.config.loader import plain
 
 from .optimizers import build_optimizer, unwrap
 from .schedules import build_schedule, schedule_landmarks
@@ -45,7 +46,7 @@ def optimizer_report(config: TrialConfig, steps: Sequence[int]) -> dict[str, Any
         mixed_precision=config.train.mixed_precision,
     )
     inner = unwrap(optimizer)
-    hyperparameters = {k: _plain(v) for k, v in inner.get_config().items() if k != "learning_rate"}
+    hyperparameters = {k: plain(v) for k, v in inner.get_config().items() if k != "learning_rate"}
     if inner is not optimizer:
         hyperparameters["loss_scaling"] = "dynamic"
     moving = config.optimizer
@@ -103,7 +104,3 @@ def _plot_steps(config: LearningRateConfig, last_step: int) -> np.ndarray:
     steps = np.concatenate([spread, edges, edges - 1])
     return np.unique(steps[(steps >= 0) & (steps <= last_step)])
 
-
-def _plain(value: Any) -> Any:
-    """JSON-friendly: numpy scalars become Python numbers."""
-    return value.item() if isinstance(value, np.generic) else value

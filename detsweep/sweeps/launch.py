@@ -11,6 +11,7 @@ from typing import Any
 
 from detsweep import console
 from detsweep.cluster import check_storage, connect
+from detsweep.config.loader import plain
 from detsweep.errors import DetsweepError
 from detsweep.tracking.sweep_run import TrialStatus
 
@@ -78,7 +79,7 @@ def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str,
             continue
         domain = parameter.domain()
         value = domain.sample(random_state=np.random.RandomState(rng.randrange(2**31))) if isinstance(domain, Domain) else domain
-        drawn[dotted] = value.item() if hasattr(value, "item") else value
+        drawn[dotted] = plain(value)
     return drawn
 
 

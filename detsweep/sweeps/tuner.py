@@ -2,8 +2,8 @@
 
 The objects are the ones Ray Tune users compose by hand: ``BasicVariantGenerator``,
 ``OptunaSearch`` (TPE, seeded) or ``TuneBOHB``, and ``FIFOScheduler``, ``ASHAScheduler``,
-``PopulationBasedTraining`` or ``HyperBandForBOHB``, all measuring time in training steps
-(``time_attr="step"``).
+``PopulationBasedTraining`` or ``HyperBandForBOHB``. ASHA and PBT measure time in training
+steps (``time_attr="step"``); HyperBand in reports of the objective, so its rungs fall on them.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import ray.tune
 
 from detsweep.checkpoints import read_step
 from detsweep.config import TrialConfig, validate
-from detsweep.config.loader import get_path, set_path
+from detsweep.config.loader import get_path, plain, set_path
 from detsweep.errors import DetsweepError
 from detsweep.evaluation.pictures import without_pictures
 from detsweep.startup import StartupClock
@@ -33,15 +33,7 @@ def trial_tree(tune_config: dict[str, Any]) -> dict[str, Any]:
     tree = copy.deepcopy(tune_config.get("trial", {}))
     for dotted, value in tune_config.get("point", {}).items():
         set_path(tree, dotted, value)
-    return _plain(tree)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value.item() if hasattr(value, "item") and hasattr(value, "dtype") else value
+    return plain(tree)
 
 
 def trial_config(tune_config: dict[str, Any]) -> TrialConfig:
