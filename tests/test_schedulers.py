@@ -314,3 +314,22 @@ def test_a_trial_started_again_keeps_the_result_rows_it_reported_since_tunes_las
     assert Path(restored.local_path) == staged
     report(start(result_files(), restored), restored, 40)
     assert steps_in(staged) == ([10, 20, 30, 40], [10, 20, 30, 40])
+
+
+def test_a_hyperband_bracket_whose_only_trial_errored_takes_no_more_trials():
+    """Tune ranks a bracket when its last live trial leaves it, here by erroring at its first
+    report, and moves the bracket's rung on. A trial that joined it then would skip the first
+    rung. HyperBand with 9 reports and a factor of 3 opens with a bracket of 9 trials."""
+    from ray.tune.experiment import Trial
+
+    from detsweep.sweeps.tuner import HyperBandForBOHB
+
+    hyperband = HyperBandForBOHB(max_concurrent=1, every=1, metric="eval/AP", mode="max", max_t=9, reduction_factor=3)
+    errored, later = (Trial("__fake", stub=True, trial_id=name, config={}) for name in ("errored", "later"))
+    hyperband.on_trial_add(None, errored)
+    errored.set_status(Trial.ERROR)
+    hyperband.on_trial_error(None, errored)  # ranks the bracket: nothing was in it to stop
+    hyperband.on_trial_add(None, later)
+    (first, _), (joined, _) = hyperband._trial_info[errored], hyperband._trial_info[later]
+    assert first._n0 == 9 and first.is_being_processed
+    assert joined is not first and joined._n0 == 5
