@@ -226,11 +226,11 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
 def test_bohbs_model_learns_from_the_results_hyperband_ranks(local_ray, write, tmp_path):
     """TuneBOHB fits its model only on results its scheduler marked with their budget (Tune
     hands both the same result), and only with 2 × (parameters + 1) of them at one budget: 4
-    here. 4 reports and a factor of 4: brackets of 4 trials ranked at their first report
-    (whose results reach the model, all but a trial stopped on its own report) and of 2 run
-    to the end (Tune tells no searcher of a stopping result; one paused there may reach it at
-    budget 4), then again: 10 trials give the model at least 6 results at budget 1, and it
-    is fitted."""
+    here. 4 reports and a factor of 4: a bracket of 4 trials ranked at their first report,
+    whose best trains to the fourth; one of 2 trials that run to the end; then another like
+    the first. Every ranked result reaches the model, also those of trials stopped on their own
+    report (Tune hands a searcher only the results of trials that go on): 8 at budget 1 and
+    4 at budget 4, and it is fitted on both."""
     sweep = sweep_with(write, tmp_path, bohb_on_the_rate(10, 4), checkpoint_every=10)
     bohb, hyperband = searcher(sweep, 1), scheduler(sweep, 1)
     tuner = tune.Tuner(lr_reported_from_checkpoints, param_space=param_space(sweep, RunLink("sqlite:///unused.db", "0", None)),
@@ -239,8 +239,8 @@ def test_bohbs_model_learns_from_the_results_hyperband_ranks(local_ray, write, t
                        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), name="bohb", verbose=0))
     assert not tuner.fit().errors
     learned = {budget: len(losses) for budget, losses in bohb.bohber.losses.items()}
-    assert learned.get(1, 0) >= 6 and set(learned) <= {1, 4}, learned
-    assert 1 in bohb.bohber.kde_models  # its densities, fitted on them (statsmodels' KDE)
+    assert learned == {1: 8, 4: 4}, learned
+    assert set(bohb.bohber.kde_models) == {1, 4}  # its densities, fitted on them (statsmodels' KDE)
 
 
 def test_bohbs_survivors_train_to_max_t_where_it_is_no_power_of_the_factor(write, tmp_path):

@@ -101,7 +101,7 @@ def scheduler(sweep: Sweep, max_concurrent: int | None = None):
 
 
 class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
-    """Tune's, with four changes.
+    """Tune's, with five changes.
 
     - Time counts reports of the metric (one every ``every`` steps; ``max_t`` in those units).
       HyperBand's rungs fall at max_t / eta^s, and in steps most would fall between two reports:
@@ -114,6 +114,7 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
     - A trial stopped while paused is written to the experiment state. Tune (2.60) writes a
       trial there only on its actor's events, and a paused trial has no actor: the state would
       keep it PAUSED, an unfinished trial in a finished sweep, which ``resume`` would train on.
+    - BOHB's model hears every result ranked at a rung, also that of a trial stopped on it.
     """
 
     def __init__(self, max_concurrent: int | None, every: int, **options: Any):
@@ -129,7 +130,12 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
         # the scheduler marked with their budget (``hyperband_info``). It is Tune's flattened
         # copy, not what the trial's loggers see.
         result[REPORTS] = math.ceil(result["step"] / self.every)
-        return super().on_trial_result(tune_controller, trial, result)
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == self.STOP and "budget" in result["hyperband_info"]:
+            # Tune hands a searcher only the results of trials that go on: without this, the model
+            # never heard of a trial ranked out on its own report, nor of the last to reach max_t.
+            tune_controller.search_alg.searcher.on_trial_result(trial.trial_id, result)
+        return decision
 
     def choose_trial_to_run(self, tune_controller, allow_recurse: bool = True):
         busy = sum(trial.status in (Trial.RUNNING, Trial.PENDING) for trial in tune_controller.get_trials())
