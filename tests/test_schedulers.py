@@ -200,9 +200,9 @@ def bohb_on_the_rate(num_samples: int, factor: int) -> str:
 """
 
 
-def replayed(write, sweep) -> dict:
+def replayed(write, sweep, *options: str) -> dict:
     """``detsweep replay --json`` of ``sweep`` on the hand-made curves: its report."""
-    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
+    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", *options, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
@@ -333,3 +333,47 @@ def test_a_hyperband_bracket_whose_only_trial_errored_takes_no_more_trials():
     (first, _), (joined, _) = hyperband._trial_info[errored], hyperband._trial_info[later]
     assert first._n0 == 9 and first.is_being_processed
     assert joined is not first and joined._n0 == 5
+
+
+def test_the_replay_clock_lets_trials_report_in_step_order_however_late_they_ask():
+    """Two slots, three trials. ``a`` asks late every time and ends at step 40; ``b`` asks at
+    once; ``c`` is started into the slot ``a`` freed, late, and starts at its time, 40. Grants
+    go by time (ties: the earlier trial), never past a live trial that has not asked yet."""
+    import asyncio
+
+    from detsweep.sweeps.replay import _Clock
+
+    clock, granted = _Clock(slots=2, trials=3, patience_s=5), []
+
+    async def trial(name: str, steps: list[int], delay: float, after: asyncio.Event | None = None) -> None:
+        if after:  # Tune starts it once that trial has ended
+            await after.wait()
+        for step in steps:
+            await asyncio.sleep(delay)
+            await clock.until(name, step)
+            granted.append((name, clock.now))
+        await asyncio.sleep(delay)
+        await clock.leave(name)
+        ended[name].set()
+
+    async def sweep() -> None:
+        ended.update({name: asyncio.Event() for name in "abc"})
+        await asyncio.gather(trial("a", [20, 20], 0.05), trial("b", [30, 30, 30], 0),
+                             trial("c", [10, 10], 0.1, after=ended["a"]))
+
+    ended: dict[str, asyncio.Event] = {}
+    asyncio.run(sweep())
+    assert granted == [("a", 20), ("b", 30), ("a", 40), ("c", 50), ("b", 60), ("c", 60), ("b", 90)]
+    assert clock.late == 0
+
+
+def test_replay_at_two_trials_at_a_time_decides_the_same_on_every_run(write, tmp_path):
+    """ASHA on the loss, two trials at a time in grid order: 0.01 and 0.02 reach step 10 at
+    the same time, and 0.01 (the earlier trial) reports first, so 0.02 is ranked against it and
+    stops; 0.08 starts in its slot at step 10 and stops at its first rung, as 0.04 does after
+    it: 40 + 3 x 10 = 70 steps. 0.08, returned, first reported when 20 + 10 + 10 were spent.
+    Three seeds (a grid draws the same trials): three equal runs, none out of order."""
+    sweep = sweep_with(write, tmp_path, ASHA_ON_THE_LOSS)
+    report = replayed(write, sweep, "--seeds", "3", "--set", "search.max_concurrent_trials=2")
+    assert [(run["steps"], run["returned"], run["steps_until_returned_seen"], run["out_of_order"])
+            for run in report["runs"]] == [(70, 0.5, 40, 0)] * 3

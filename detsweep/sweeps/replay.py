@@ -3,9 +3,11 @@
 ``detsweep replay CURVES|EXPERIMENT SWEEP.yaml`` runs the sweep's own Ray Tune searcher and scheduler
 (``build_tuner``), but each trial reports a recorded curve instead of training: the one
 recorded for the configuration it drew, or the nearest one (and the output says how many
-were). Time runs in training steps (``tick_s`` of sleep per step), so that asynchronous
-decisions come in the order they would have. Per seed it measures what a sweep costs and
-what it returns; over seeds, their median and spread.
+were). Time runs in training steps, so that asynchronous decisions come in the order they
+would have: a clock lets trials report one at a time in step order, the same on any
+machine (``_Clock``), except under HyperBand, whose trials pause and start again in slots
+the clock cannot foresee (``tick_s`` of sleep per step there). Per seed it measures what a
+sweep costs and what it returns; over seeds, their median and spread.
 
 A curves file (JSON) holds the swept paths and, per recorded configuration, its reports::
 
@@ -16,6 +18,7 @@ A curves file (JSON) holds the swept paths and, per recorded configuration, its 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import math
@@ -27,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import tune
 
 from detsweep.errors import DetsweepError
 from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import swept_values
 
-from .space import swept_paths
+from .space import grid_points, swept_paths
 from .spec import Sweep, reports_every
 from .tuner import build_tuner
 
@@ -163,6 +167,72 @@ def _resumed_at(checkpoint: tune.Checkpoint | None) -> int:
         return int(Path(folder, "step").read_text())
 
 
+class _Clock:
+    """Replay time in training steps, the same on any machine: trials report in the order of
+    their steps, one at a time.
+
+    A trial asks for its next report ``steps`` after its last (``until``) and waits until it
+    is the earliest (ties: the earlier trial). Nobody may move while a live trial still
+    decides its next step (Tune has not yet let it go on), or while a slot is empty and
+    trials are still to come: a trial started into a freed slot starts at the time it freed,
+    and may report before the others. Tune ends trials through ``leave``. A wait that
+    outlasts ``patience_s`` (a rule broken: none should) lets the earliest go and is counted
+    in ``late``.
+    """
+
+    def __init__(self, slots: int, trials: int, patience_s: float = 30.0):
+        self.slots, self.trials, self.patience_s = slots, trials, patience_s
+        self.now, self.started, self.late = 0, 0, 0
+        self.position: dict[str, int] = {}  # live trials: the time of their next (or last) report
+        self.waiting: set[str] = set()
+        self.changed: asyncio.Condition | None = None  # made in the actor's event loop
+
+    async def until(self, trial: str, steps: int) -> None:
+        self.changed = self.changed or asyncio.Condition()
+        async with self.changed:
+            if trial not in self.position:
+                self.position[trial], self.started = self.now, self.started + 1
+            self.position[trial] += steps
+            self.waiting.add(trial)
+            self.changed.notify_all()
+            try:
+                await asyncio.wait_for(self.changed.wait_for(lambda: self._next(trial)), self.patience_s)
+            except asyncio.TimeoutError:
+                self.late += 1
+            self.waiting.discard(trial)
+            self.now = max(self.now, self.position[trial])
+            self.changed.notify_all()
+
+    def _next(self, trial: str) -> bool:
+        settled = self.waiting == set(self.position) and (len(self.position) >= self.slots or self.started >= self.trials)
+        return settled and min(self.waiting, key=lambda other: (self.position[other], other)) == trial
+
+    async def leave(self, trial: str) -> None:
+        self.changed = self.changed or asyncio.Condition()
+        async with self.changed:
+            self.position.pop(trial, None)
+            self.changed.notify_all()
+
+    def late_reports(self) -> int:
+        return self.late
+
+
+_RemoteClock = ray.remote(num_cpus=0)(_Clock)
+
+
+class _Ends(tune.Callback):
+    """Tells the clock of every trial that ends (stopped, finished or failed)."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self.clock.leave.remote(trial.trial_id)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self.clock.leave.remote(trial.trial_id)
+
+
 class _Timeline(tune.Callback):
     """The steps every trial has reported so far, and that total when each trial first reported;
     how often a trial went on from a pause, and how often one reported a step it had already."""
@@ -200,19 +270,32 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
                 continue
             if report["step"] != last and not (every and report["step"] % every == 0):
                 continue  # recorded, but not where this sweep reports
-            time.sleep(tick_s * (report["step"] - step))
+            if clock is None:
+                time.sleep(tick_s * (report["step"] - step))
+            else:
+                ray.get(clock.until.remote(tune.get_context().get_trial_id(), report["step"] - step))
             step = report["step"]
             with _step_checkpoint(step if pauses else None) as checkpoint:
                 tune.report({"curve": index, "exact": exact, **resumed, **report}, checkpoint=checkpoint)
             resumed = {}
 
+    concurrent = sweep.search.max_concurrent_trials or 2
+    # HyperBand's trials pause and start again, in slots the clock cannot foresee; it ranks
+    # whole brackets at once, so real time orders its decisions well enough (42.5 % on every seed).
+    clock = None if pauses else _RemoteClock.remote(concurrent, trial_count(sweep))
     timeline = _Timeline()
-    with tempfile.TemporaryDirectory(prefix="detsweep-replay-") as folder:
-        seeded = dataclasses.replace(sweep, storage=folder,
-                                     search=sweep.search.model_copy(update={"seed": seed, "time_budget_s": None}))
-        runs = tune.with_resources(recorded, {"cpu": 0.01})  # concurrency is the searcher's to limit
-        concurrent = sweep.search.max_concurrent_trials or 2
-        results = build_tuner(seeded, concurrent, RunLink("sqlite:///unused.db", "0", None), [timeline], runs=runs).fit()
+    try:
+        with tempfile.TemporaryDirectory(prefix="detsweep-replay-") as folder:
+            seeded = dataclasses.replace(sweep, storage=folder,
+                                         search=sweep.search.model_copy(update={"seed": seed, "time_budget_s": None}))
+            runs = tune.with_resources(recorded, {"cpu": 0.01})  # concurrency is the searcher's to limit
+            callbacks = [timeline, *([_Ends(clock)] if clock else [])]
+            results = build_tuner(seeded, concurrent, RunLink("sqlite:///unused.db", "0", None), callbacks,
+                                  runs=runs).fit()
+        late = ray.get(clock.late_reports.remote()) if clock else 0
+    finally:
+        if clock:
+            ray.kill(clock)
     if results.errors:
         raise DetsweepError(f"the replay failed: {results.errors[0]}")
     trials = [(result.metrics["curve"], result.metrics, timeline.first_seen.get(result.metrics["trial_id"], 0))
@@ -225,7 +308,15 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
     return {"seed": seed, "trials": len(trials), "steps": spent, "fifo_steps": fifo, "share_of_fifo": spent / fifo,
             "returned": chosen, "regret": abs(best - chosen), "steps_until_returned_seen": returned[2],
             "nearest": sum(1 for result in results if not result.metrics.get("exact", 1)),
-            "resumed": timeline.resumed, "reported_twice": timeline.reported_twice}
+            "resumed": timeline.resumed, "reported_twice": timeline.reported_twice, "out_of_order": late}
+
+
+def trial_count(sweep: Sweep) -> int:
+    """How many trials the sweep runs: ``num_samples``, per grid point with a grid."""
+    space = sweep.search.space
+    if not any(parameter.is_grid for parameter in space.values()):
+        return sweep.search.num_samples
+    return sweep.search.num_samples * len(grid_points(space, sweep.base.model_dump(mode="json")))
 
 
 def average_ranks(values: list[float]) -> list[float]:
