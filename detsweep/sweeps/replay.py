@@ -204,8 +204,9 @@ class _Clock:
             self.changed.notify_all()
 
     def _next(self, trial: str) -> bool:
-        settled = self.waiting == set(self.position) and (len(self.position) >= self.slots or self.started >= self.trials)
-        return settled and min(self.waiting, key=lambda other: (self.position[other], other)) == trial
+        live = set(self.position)
+        settled = live <= self.waiting and (len(live) >= self.slots or self.started >= self.trials)
+        return settled and min(live, key=lambda other: (self.position[other], other)) == trial
 
     async def leave(self, trial: str) -> None:
         self.changed = self.changed or asyncio.Condition()
