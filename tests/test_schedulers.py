@@ -336,18 +336,21 @@ def test_a_hyperband_bracket_whose_only_trial_errored_takes_no_more_trials():
 
 
 def test_the_replay_clock_lets_trials_report_in_step_order_however_late_they_ask():
-    """Two slots, three trials. ``a`` asks late every time and ends at step 40; ``b`` asks at
-    once; ``c`` is started into the slot ``a`` freed, late, and starts at its time, 40. Grants
-    go by time (ties: the earlier trial), never past a live trial that has not asked yet."""
+    """Two slots, three trials in Tune's order x, w, v (their ids sort the other way, as a
+    searcher's random ids may). ``x`` asks late every time and ends at step 40; ``w`` asks at
+    once; ``v`` is started into the slot ``x`` freed, late, and starts at its time, 40. Grants
+    go by time, ties to the trial Tune made first, never past a live trial that has not asked
+    yet."""
     import asyncio
 
     from detsweep.sweeps.replay import _Clock
 
-    clock, granted = _Clock(slots=2, trials=3, patience_s=5), []
+    clock, granted, ended = _Clock(slots=2, trials=3, patience_s=5), [], {}
 
-    async def trial(name: str, steps: list[int], delay: float, after: asyncio.Event | None = None) -> None:
+    async def trial(name: str, place: int, steps: list[int], delay: float, after: str = "") -> None:
         if after:  # Tune starts it once that trial has ended
-            await after.wait()
+            await ended[after].wait()
+        await clock.start(name, place)
         for step in steps:
             await asyncio.sleep(delay)
             await clock.until(name, step)
@@ -357,14 +360,29 @@ def test_the_replay_clock_lets_trials_report_in_step_order_however_late_they_ask
         ended[name].set()
 
     async def sweep() -> None:
-        ended.update({name: asyncio.Event() for name in "abc"})
-        await asyncio.gather(trial("a", [20, 20], 0.05), trial("b", [30, 30, 30], 0),
-                             trial("c", [10, 10], 0.1, after=ended["a"]))
+        ended.update({name: asyncio.Event() for name in "xwv"})
+        await asyncio.gather(trial("x", 0, [20, 20], 0.05), trial("w", 1, [30, 30, 30], 0),
+                             trial("v", 2, [10, 10], 0.1, after="x"))
 
-    ended: dict[str, asyncio.Event] = {}
     asyncio.run(sweep())
-    assert granted == [("a", 20), ("b", 30), ("a", 40), ("c", 50), ("b", 60), ("c", 60), ("b", 90)]
+    assert granted == [("x", 20), ("w", 30), ("x", 40), ("v", 50), ("w", 60), ("v", 60), ("w", 90)]
     assert clock.late == 0
+
+
+def test_the_replay_clock_lets_the_earliest_go_and_counts_it_when_a_live_trial_never_asks():
+    import asyncio
+
+    from detsweep.sweeps.replay import _Clock
+
+    clock = _Clock(slots=2, trials=2, patience_s=0.2)
+
+    async def sweep() -> None:
+        await clock.start("silent", 0)
+        await clock.start("asking", 1)
+        await clock.until("asking", 10)
+
+    asyncio.run(sweep())
+    assert (clock.now, clock.late) == (10, 1)
 
 
 def test_replay_at_two_trials_at_a_time_decides_the_same_on_every_run(write, tmp_path):

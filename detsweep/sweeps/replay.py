@@ -171,61 +171,82 @@ class _Clock:
     """Replay time in training steps, the same on any machine: trials report in the order of
     their steps, one at a time.
 
-    A trial asks for its next report ``steps`` after its last (``until``) and waits until it
-    is the earliest (ties: the earlier trial). Nobody may move while a live trial still
-    decides its next step (Tune has not yet let it go on), or while a slot is empty and
+    Tune tells the clock when it starts a trial (``start``, with its place in Tune's order)
+    and when one ends (``leave``). A trial asks for its next report ``steps`` after its last
+    (``until``) and waits until it is the earliest; ties go to the trial Tune made first
+    (trial ids order nothing: a searcher's are random). Nobody moves while a live trial still
+    decides its next step (Tune has not yet let it go on), nor while a slot is empty and
     trials are still to come: a trial started into a freed slot starts at the time it freed,
-    and may report before the others. Tune ends trials through ``leave``. A wait that
-    outlasts ``patience_s`` (a rule broken: none should) lets the earliest go and is counted
-    in ``late``.
+    and may report before the others. Should a wait outlast ``patience_s`` (a rule broken:
+    none should), the earliest waiting trial goes, and ``late`` counts it.
     """
 
     def __init__(self, slots: int, trials: int, patience_s: float = 30.0):
         self.slots, self.trials, self.patience_s = slots, trials, patience_s
-        self.now, self.started, self.late = 0, 0, 0
+        self.now, self.late, self.stalled = 0, 0, False
         self.position: dict[str, int] = {}  # live trials: the time of their next (or last) report
+        self.order: dict[str, int] = {}  # every trial started: its place in Tune's order
         self.waiting: set[str] = set()
         self.changed: asyncio.Condition | None = None  # made in the actor's event loop
 
+    async def start(self, trial: str, place: int) -> None:
+        async with self._condition():
+            self.order.setdefault(trial, place)
+            self.position.setdefault(trial, self.now)
+            self.changed.notify_all()
+
     async def until(self, trial: str, steps: int) -> None:
-        self.changed = self.changed or asyncio.Condition()
-        async with self.changed:
-            if trial not in self.position:
-                self.position[trial], self.started = self.now, self.started + 1
-            self.position[trial] += steps
+        async with self._condition():
+            self.position[trial] = self.position.get(trial, self.now) + steps  # its start may come later
             self.waiting.add(trial)
             self.changed.notify_all()
             try:
                 await asyncio.wait_for(self.changed.wait_for(lambda: self._next(trial)), self.patience_s)
             except asyncio.TimeoutError:
-                self.late += 1
+                self.stalled = True
+                self.changed.notify_all()
+                await self.changed.wait_for(lambda: self._next(trial))
+            self.late += not self._settled()
+            self.stalled = False
             self.waiting.discard(trial)
             self.now = max(self.now, self.position[trial])
             self.changed.notify_all()
 
-    def _next(self, trial: str) -> bool:
-        live = set(self.position)
-        settled = live <= self.waiting and (len(live) >= self.slots or self.started >= self.trials)
-        return settled and min(live, key=lambda other: (self.position[other], other)) == trial
-
     async def leave(self, trial: str) -> None:
-        self.changed = self.changed or asyncio.Condition()
-        async with self.changed:
+        async with self._condition():
             self.position.pop(trial, None)
             self.changed.notify_all()
 
     def late_reports(self) -> int:
         return self.late
 
+    def _condition(self) -> asyncio.Condition:
+        self.changed = self.changed or asyncio.Condition()
+        return self.changed
+
+    def _settled(self) -> bool:
+        live = set(self.position)
+        return (live <= self.waiting and live <= set(self.order)
+                and (len(live) >= self.slots or len(self.order) >= self.trials))
+
+    def _next(self, trial: str) -> bool:
+        candidates = set(self.position) if self._settled() else self.waiting if self.stalled else set()
+        return bool(candidates) and trial == min(
+            candidates, key=lambda other: (self.position[other], self.order.get(other, math.inf)))
+
 
 _RemoteClock = ray.remote(num_cpus=0)(_Clock)
 
 
-class _Ends(tune.Callback):
-    """Tells the clock of every trial that ends (stopped, finished or failed)."""
+class _Lifecycle(tune.Callback):
+    """Tells the clock of every trial Tune starts, in Tune's order, and of every one that ends
+    (stopped, finished or failed)."""
 
     def __init__(self, clock):
         self.clock = clock
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self.clock.start.remote(trial.trial_id, trials.index(trial))
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self.clock.leave.remote(trial.trial_id)
@@ -290,7 +311,7 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
             seeded = dataclasses.replace(sweep, storage=folder,
                                          search=sweep.search.model_copy(update={"seed": seed, "time_budget_s": None}))
             runs = tune.with_resources(recorded, {"cpu": 0.01})  # concurrency is the searcher's to limit
-            callbacks = [timeline, *([_Ends(clock)] if clock else [])]
+            callbacks = [timeline, *([_Lifecycle(clock)] if clock else [])]
             results = build_tuner(seeded, concurrent, RunLink("sqlite:///unused.db", "0", None), callbacks,
                                   runs=runs).fit()
         late = ray.get(clock.late_reports.remote()) if clock else 0
