@@ -230,7 +230,8 @@ def test_bohbs_model_learns_from_the_results_hyperband_ranks(local_ray, write, t
     whose best trains to the fourth; one of 2 trials that run to the end; then another like
     the first. Every ranked result reaches the model, also those of trials stopped on their own
     report (Tune hands a searcher only the results of trials that go on): 8 at budget 1 and
-    4 at budget 4, and it is fitted on both."""
+    4 at budget 4, and it is fitted on both. (hpbandster drops a result below the largest
+    budget it has a model for; the model at budget 4 comes with the sweep's last result.)"""
     sweep = sweep_with(write, tmp_path, bohb_on_the_rate(10, 4), checkpoint_every=10)
     bohb, hyperband = searcher(sweep, 1), scheduler(sweep, 1)
     tuner = tune.Tuner(lr_reported_from_checkpoints, param_space=param_space(sweep, RunLink("sqlite:///unused.db", "0", None)),
