@@ -17,8 +17,7 @@ from detsweep.tracking.sweep_run import TrialStatus
 
 from .experiment import as_run, find_experiment, read_outcomes, save_sweep, stored_run_link
 from .resources import trials_at_once
-from .space import grid_points
-from .spec import Sweep
+from .spec import Sweep, grid_of, trial_count
 
 
 def check_resources(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
@@ -47,11 +46,11 @@ def validation_report(sweep: Sweep, nodes: list[dict[str, float]], strict: bool 
         notes.append(f"does not fit on this machine; launch it on a cluster: {str(error).split(': ', 1)[1]}")
     base = sweep.base.model_dump(mode="json")
     space = sweep.search.space
-    grid = grid_points(space, base) if any(p.is_grid for p in space.values()) else []
+    grid = grid_of(sweep)
     scaling = sweep.base.scaling
     cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
     rng = random.Random(sweep.search.seed)
-    trials = sweep.search.num_samples * max(1, len(grid))
+    trials = trial_count(sweep)
     return {
         "name": sweep.name,
         "base": base,

@@ -37,8 +37,8 @@ from detsweep.errors import DetsweepError
 from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import swept_values
 
-from .space import grid_points, swept_paths
-from .spec import Sweep, reports_every
+from .space import swept_paths
+from .spec import Sweep, reports_every, trial_count
 from .tuner import build_tuner
 
 TICK_S = 0.002  # seconds of replay per training step: 300 steps take 0.6 s
@@ -280,6 +280,10 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
 
     pauses = sweep.search.scheduler.type == "hyperband"  # and resumes a trial from its checkpoint
     every = reports_every(sweep.base.train, metric)  # Tune hears a trial where it reports the objective
+    concurrent = sweep.search.max_concurrent_trials or 2
+    # HyperBand's trials pause and start again, in slots the clock cannot foresee; it ranks
+    # whole brackets at once, so real time orders its decisions well enough (42.5 % on every seed).
+    clock = None if pauses else _RemoteClock.remote(concurrent, trial_count(sweep))
 
     def recorded(config: dict) -> None:
         values = swept_values(config, curves.paths)
@@ -301,10 +305,6 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
                 tune.report({"curve": index, "exact": exact, **resumed, **report}, checkpoint=checkpoint)
             resumed = {}
 
-    concurrent = sweep.search.max_concurrent_trials or 2
-    # HyperBand's trials pause and start again, in slots the clock cannot foresee; it ranks
-    # whole brackets at once, so real time orders its decisions well enough (42.5 % on every seed).
-    clock = None if pauses else _RemoteClock.remote(concurrent, trial_count(sweep))
     timeline = _Timeline()
     try:
         with tempfile.TemporaryDirectory(prefix="detsweep-replay-") as folder:
@@ -332,13 +332,6 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
             "nearest": sum(1 for result in results if not result.metrics.get("exact", 1)),
             "resumed": timeline.resumed, "reported_twice": timeline.reported_twice, "out_of_order": late}
 
-
-def trial_count(sweep: Sweep) -> int:
-    """How many trials the sweep runs: ``num_samples``, per grid point with a grid."""
-    space = sweep.search.space
-    if not any(parameter.is_grid for parameter in space.values()):
-        return sweep.search.num_samples
-    return sweep.search.num_samples * len(grid_points(space, sweep.base.model_dump(mode="json")))
 
 
 def average_ranks(values: list[float]) -> list[float]:

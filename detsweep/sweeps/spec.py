@@ -31,7 +31,7 @@ from detsweep.config.schema import Section, TrainConfig, invalid
 from detsweep.errors import DetsweepError
 from detsweep.evaluation.metrics import reported_metrics
 
-from .space import Parameter
+from .space import Parameter, grid_points
 
 
 class SchedulerSpec(Section):
@@ -219,6 +219,19 @@ def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str, 
     if metric not in known:
         raise DetsweepError(f"{path}: {field}: found {metric!r}, expected a metric training reports: "
                             f"{', '.join(known)}{did_you_mean(metric, known)}")
+
+
+def grid_of(sweep: Sweep) -> list[dict[str, Any]]:
+    """The sweep's grid points (see ``grid_points``); none when no parameter is a grid."""
+    space = sweep.search.space
+    if not any(parameter.is_grid for parameter in space.values()):
+        return []
+    return grid_points(space, sweep.base.model_dump(mode="json"))
+
+
+def trial_count(sweep: Sweep) -> int:
+    """How many trials the sweep runs: ``num_samples``, per grid point with a grid."""
+    return sweep.search.num_samples * max(1, len(grid_of(sweep)))
 
 
 def reports_every(train: TrainConfig, metric: str) -> int:

@@ -8,7 +8,6 @@ steps (``time_attr="step"``); HyperBand in reports of the objective, so its rung
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -22,8 +21,8 @@ from detsweep.trainables.trial import run_trial
 
 from .experiment import storage_path
 from .resources import TRIAL_DRIVER
-from .space import grid_points, swept_paths
-from .spec import Sweep, reports_every
+from .space import swept_paths
+from .spec import Sweep, grid_of, reports_every
 from .trial_files import result_files
 
 REPORTS = "hyperband/reports"  # HyperBand's time: how many reports of the metric a trial has made
@@ -32,16 +31,14 @@ REPORTS = "hyperband/reports"  # HyperBand's time: how many reports of the metri
 def param_space(sweep: Sweep, tracking: RunLink) -> dict[str, Any]:
     """``{"trial": base tree with Tune domains at the space's paths, "point": grid, …}``; the
     rest is the same for every trial: what it reports on, where it stores, its MLflow parent."""
-    base = sweep.base.model_dump(mode="json")
-    tree = copy.deepcopy(base)
+    tree = sweep.base.model_dump(mode="json")
     for dotted, parameter in sweep.search.space.items():
         if not parameter.is_grid:
             set_path(tree, dotted, parameter.domain())
     search = {"metric": sweep.search.metric, "mode": sweep.search.mode, "swept": swept_paths(sweep)}
     space: dict[str, Any] = {"trial": tree, "search": search, "storage": storage_path(sweep),
                              "tracking": tracking.to_dict()}
-    points = grid_points(sweep.search.space, base)
-    if any(parameter.is_grid for parameter in sweep.search.space.values()):
+    if points := grid_of(sweep):
         space["point"] = tune.grid_search(points)
     return space
 
