@@ -439,3 +439,43 @@ def test_writes_lost_to_a_server_that_stays_away_past_a_trials_end_are_listed_in
         seen = client.get_run(run.run_id)
         assert seen.info.status == "RUNNING" and "detsweep.lost_writes" not in seen.data.tags
         assert [m.step for m in client.get_metric_history(run.run_id, "train/loss")] == [10]
+
+
+def test_a_trial_logs_its_datasets_when_another_trial_made_them_first(tmp_path):
+    """Two trials of a sweep start together and both log the same new dataset: the other's
+    write lands between MLflow's read (the dataset is not there) and its insert, which the
+    datasets' key (experiment, name, digest) then refuses as a bad request. The interleaving
+    is forced by a hook on SQLAlchemy's statements; the store, the file and both writes are real."""
+    from mlflow import MlflowClient
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+    from detsweep.tracking.datasets import dataset_inputs
+
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
+    other = MlflowClient(backend.uri)
+    other_run = other.create_run(link.experiment_id, run_name="trial_t_00000").info.run_id
+    raced: list[str] = []
+
+    def the_other_trial_first(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("INSERT INTO DATASETS") and not raced:
+            raced.append(threading.current_thread().name)
+            writer = threading.Thread(target=other.log_inputs, args=(other_run,),
+                                      kwargs={"datasets": dataset_inputs(sweep.base)})
+            writer.start()
+            writer.join(60)
+
+    event.listen(Engine, "before_cursor_execute", the_other_trial_first)
+    try:
+        run = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
+        lost = run.close()
+    finally:
+        event.remove(Engine, "before_cursor_execute", the_other_trial_first)
+    assert raced == ["mlflow-writer"] and not lost, (raced, lost)  # the race happened, in the trial's writer
+    for run_id in (other_run, run.run_id):
+        inputs = MlflowClient(backend.uri).get_run(run_id).inputs.dataset_inputs
+        assert {i.tags[0].value for i in inputs} == {"training", "validation"}, run_id

@@ -145,7 +145,20 @@ class TrialRun:
             self.client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_CALL])
         self.client.log_text(self.run_id, yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
                              "config.yaml")
-        self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
+        self._log_datasets()
+
+    def _log_datasets(self) -> None:
+        """The run's dataset inputs. Trials that start together log the same new datasets, and
+        one may make a dataset between MLflow's read (not there) and its insert: MLflow refuses
+        that insert as a bad request (the datasets' key is experiment, name and digest). Logging
+        inputs writes only what is missing, so the second time finds the other's dataset."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
+        except MlflowException as refused:
+            log.info("MLflow: logging the datasets again after %s", refused.error_code)
+            self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
 
     def system_metrics_target(self, timeout_s: float = 10.0) -> dict[str, str] | None:
         """Where the trial's workers log MLflow's system metrics: this run, once it is open;
