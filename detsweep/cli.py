@@ -14,15 +14,14 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
 
 from detsweep import console
 from detsweep.cluster import check_address, check_storage
 from detsweep.errors import DetsweepError
-from detsweep.subcommands import OneLineParser, add_command
-from detsweep.tracking.sweep_run import TrialStatus
+from detsweep.subcommands import OneLineParser, add_command, add_overrides, add_verbose
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,45 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--name", help="the run's name in Ray's storage (default: the config's file name and the time)")
     train.add_argument("--storage", help="where Ray keeps results and checkpoints (default: ~/ray_results)")
     train.add_argument("--json", action="store_true", help='print {"steps", "metrics", "checkpoint"} at the end')
-    _verbose_argument(train)
+    add_verbose(train)
 
-    validate = add_command(commands, "validate", validate_command, "check a sweep file and show what it would run (starts nothing)")
-    validate.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
-    _overrides_argument(validate, "override the sweep or its base config, e.g. --set base.train.num_steps=40")
-    validate.add_argument("--address", help="size the sweep for this running Ray cluster (default: this machine)")
-    validate.add_argument("--json", action="store_true", help="print one JSON object")
+    from detsweep.sweeps.commands import add_sweep_commands
 
-    launch = add_command(commands, "launch", launch_command, "run a sweep on Ray (a local cluster unless --address)")
-    launch.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
-    _overrides_argument(launch, "override the sweep or its base config, e.g. --set search.num_samples=2")
-    launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
-    launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best", "mlflow"} at the end')
-    _verbose_argument(launch)
-    launch.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
-
-    status = add_command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
-    status.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
-    status.add_argument("--json", action="store_true", help="print the same object as launch --json")
-
-    resume = add_command(commands, "resume", resume_command, "finish an interrupted sweep; finished trials are not run again")
-    resume.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
-    resume.add_argument("--retry-errored", action="store_true", help="also continue errored trials from their last checkpoints")
-    resume.add_argument("--address", help="a running Ray cluster (default: start a local one)")
-    resume.add_argument("--json", action="store_true", help="print the same object as launch --json")
-    _verbose_argument(resume)
-    resume.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
-
-    replay = add_command(commands, "replay", replay_command,
-                         "judge a sweep's searcher and scheduler in seconds on recorded learning curves (no training)")
-    replay.add_argument("curves", metavar="CURVES|EXPERIMENT",
-                        help="a curves file (.json), or a finished sweep's MLflow experiment (its full-budget trials)")
-    replay.add_argument("sweep", help="the sweep file whose search settings to replay")
-    _overrides_argument(replay, "override the sweep, e.g. --set search.scheduler.grace_period=40")
-    replay.add_argument("--seeds", type=int, default=1, help="replay with this many seeds from the sweep's own (default 1)")
-    replay.add_argument("--signal", action="store_true",
-                        help="also show each metric's rank correlation with the final objective, by step")
-    replay.add_argument("--json", action="store_true",
-                        help="print one JSON object: every seed's run, median, min, max, and the early signal")
+    add_sweep_commands(commands)
 
     best = add_command(commands, "best", best_command, "rank a sweep's trials from MLflow (no Ray results folder needed)")
     best.add_argument("experiment", help="the sweep's name (its MLflow experiment) or its sweep file")
@@ -132,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("config", nargs="?", help="a trial config merged over the source's as-run config")
     finetune.add_argument("--from", dest="source", required=True, metavar="SOURCE",
                           help="best:<experiment>, run:<mlflow run id> or checkpoint:<folder>")
-    _overrides_argument(finetune, "override the merged config, e.g. --set model.num_classes=5")
+    add_overrides(finetune, "override the merged config, e.g. --set model.num_classes=5")
     finetune.add_argument("--from-ema", action="store_true", help="start from the checkpoint's moving-average weights")
     finetune.add_argument("--keep-optimizer-state", action="store_true",
                           help="keep the optimizer's slots and step (default: a fresh optimizer and schedule at step 0)")
@@ -141,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--storage", help="where Ray keeps results and checkpoints (default: ~/ray_results)")
     finetune.add_argument("--no-register", action="store_true", help="--sweep: do not register the best model")
     finetune.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    _verbose_argument(finetune)
+    add_verbose(finetune)
 
     ui = add_command(commands, "ui", ui_command, "open the MLflow dashboard: mlflow ui on the embedded backend, or the server's URL")
     ui.add_argument("--config", help="a trial config or sweep file whose tracking.uri to use (default: $MLFLOW_TRACKING_URI, else mlflow.db here)")
@@ -149,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = add_command(commands, "eval", eval_command, "COCO-evaluate a checkpoint, or score a COCO results file")
     evaluate.add_argument("--checkpoint", help="a detsweep checkpoint directory (evaluated on its config's data.val)")
-    _overrides_argument(evaluate, "override the checkpoint's config, e.g. --set data.val.annotations=other.json")
+    add_overrides(evaluate, "override the checkpoint's config, e.g. --set data.val.annotations=other.json")
     evaluate.add_argument("--detections", help="a COCO results JSON to score (with --annotations)")
     evaluate.add_argument("--annotations", help="the COCO ground-truth JSON for --detections")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
@@ -169,13 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
-def _overrides_argument(parser: argparse.ArgumentParser, help: str) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help=help)
-
-
 def _config_arguments(parser: argparse.ArgumentParser, what: str = "a detsweep trial config (YAML)") -> None:
     parser.add_argument("config", help=what)
-    _overrides_argument(parser, "override a field, e.g. --set optimizer.type=adam (repeatable; values are YAML scalars)")
+    add_overrides(parser, "override a field, e.g. --set optimizer.type=adam (repeatable; values are YAML scalars)")
 
 
 # --- commands --------------------------------------------------------------------
@@ -239,111 +200,6 @@ def train_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def validate_command(args: argparse.Namespace) -> int:
-    from detsweep.sweeps.launch import cluster_nodes, local_nodes, validation_report
-    from detsweep.sweeps.spec import load_sweep
-
-    sweep = load_sweep(args.sweep, args.overrides)
-    if args.address:
-        from detsweep.cluster import connect
-
-        # Only the cluster's size is asked: a raylet's warning (a full disk) must not join the
-        # one-line answer.
-        connect(args.address, cluster_logs=False)
-    report = validation_report(sweep, cluster_nodes() if args.address else local_nodes(), strict=bool(args.address))
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(yaml.safe_dump({"base": report["base"]}, sort_keys=False), end="")
-    print(yaml.safe_dump({k: report[k] for k in ("space", "algorithm", "scheduler", "trials", "grid_points",
-                                                  "resources_per_trial", "trials_at_once")}, sort_keys=False), end="")
-    print("samples:")
-    for drawn in report["samples"]:
-        print("  - " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in drawn.items()))
-    for note in report["notes"]:
-        print(f"note: {note}")
-    print(f"{args.sweep}: valid")
-    return 0
-
-
-def launch_command(args: argparse.Namespace) -> int:
-    from detsweep.sweeps.launch import launch
-    from detsweep.sweeps.spec import load_sweep
-
-    sweep = load_sweep(args.sweep, args.overrides)
-    out = console.take_over(args.json, args.verbose)
-    return _sweep_summary(launch(sweep, args.address, register=not args.no_register), args.json, out)
-
-
-def status_command(args: argparse.Namespace) -> int:
-    from detsweep.sweeps.launch import status
-
-    _sweep_summary(status(args.sweep), args.json, sys.stdout)
-    return 0
-
-
-def resume_command(args: argparse.Namespace) -> int:
-    from detsweep.sweeps.launch import resume
-
-    out = console.take_over(args.json, args.verbose)
-    report = resume(args.sweep, args.address, retry_errored=args.retry_errored, register=not args.no_register)
-    return _sweep_summary(report, args.json, out)
-
-
-def replay_command(args: argparse.Namespace) -> int:
-    from detsweep.sweeps.replay import load_curves, replay
-    from detsweep.sweeps.spec import load_sweep
-
-    if args.seeds < 1:
-        raise DetsweepError(f"--seeds: found {args.seeds}, expected 1 or more")
-    sweep = load_sweep(args.sweep, args.overrides)
-    curves = load_curves(args.curves, sweep)
-    out = console.take_over(args.json)  # Tune's own lines: into a scratch log, dropped at the end
-    import ray
-
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    with console.working(f"replaying {args.sweep} on {len(curves.configs)} recorded trials, {args.seeds} seed(s)"):
-        report = replay(sweep, curves, args.seeds)
-    text = format_replay(report) + ("\n" + format_signal(report) if args.signal else "")
-    print(json.dumps(report) if args.json else text, file=out, flush=True)
-    return 0
-
-
-def format_signal(report: dict[str, Any], columns: int = 10) -> str:
-    """The early-signal table: a row per metric, at most ``columns`` steps spread over the budget."""
-    steps = sorted({step for by_step in report["early_signal"].values() for step in by_step})
-    shown = [steps[round(i * (len(steps) - 1) / (columns - 1))] for i in range(columns)] if len(steps) > columns else steps
-    shown = sorted(set(shown))
-    lines = [f"rank correlation (Spearman) with the final {report['metric']}, by step:",
-             f"{'metric':<28}" + "".join(f"{step:>8}" for step in shown)]
-    for metric, by_step in report["early_signal"].items():
-        cells = [by_step.get(step) for step in shown]
-        lines.append(f"{metric:<28}" + "".join(f"{'-' if cell is None else format(cell, '.2f'):>8}" for cell in cells))
-    return "\n".join(lines)
-
-
-def format_replay(report: dict[str, Any]) -> str:
-    rows = [("training steps spent", "steps", "{:.0f}"), ("share of FIFO's steps", "share_of_fifo", "{:.0%}"),
-            (f"returned trial's final {report['metric']}", "returned", "{:.4g}"),
-            ("regret against the best recorded", "regret", "{:.4g}"),
-            ("steps spent before it first reported", "steps_until_returned_seen", "{:.0f}")]
-    lines = [f"replay of {report['sweep']} on {report['recorded_trials']} recorded trials, {len(report['runs'])} seed(s); "
-             f"best recorded {report['metric']} {report['best_recorded']:.4g}",
-             f"{'':<40} {'median':>9} {'min':>9} {'max':>9}"]
-    lines += [f"{label:<40} " + " ".join(f"{form.format(report[which][key]):>9}" for which in ("median", "min", "max"))
-              for label, key, form in rows]
-    nearest = sum(run["nearest"] for run in report["runs"])
-    if nearest:
-        lines.append(f"note: {nearest} drawn configuration(s) were not recorded and replayed the nearest recorded one")
-    resumed = sum(run.get("resumed", 0) for run in report["runs"])
-    if resumed:
-        lines.append(f"note: trials went on from a checkpoint {resumed} time(s) after HyperBand paused them")
-    late = sum(run.get("out_of_order", 0) for run in report["runs"])
-    if late:
-        lines.append(f"note: {late} report(s) waited past the replay's patience and may have come out of step order")
-    return "\n".join(lines)
-
-
 def best_command(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
 
@@ -386,14 +242,15 @@ def format_ranking(report: dict[str, Any]) -> str:
 
 def finetune_command(args: argparse.Namespace) -> int:
     from detsweep.finetune import FineTuneRequest, finetune, finetune_sweep
+    from detsweep.sweeps.commands import sweep_summary
 
     request = FineTuneRequest(args.source, args.config, tuple(args.overrides), args.from_ema, args.keep_optimizer_state)
     if args.sweep and args.config:
         raise DetsweepError("detsweep finetune --sweep: the sweep file's base is the config; drop CONFIG.yaml")
     out = console.take_over(args.json, args.verbose)
     if args.sweep:
-        return _sweep_summary(finetune_sweep(request, args.sweep, args.address, register=not args.no_register),
-                              args.json, out)
+        return sweep_summary(finetune_sweep(request, args.sweep, args.address, register=not args.no_register),
+                             args.json, out)
     report = finetune(request, args.address, args.storage)  # with --json, its progress goes to stderr
     if report["error"]:
         print(f"detsweep: fine-tuning failed: {report['error']}", file=console.err())
@@ -431,44 +288,6 @@ def _tracking_of(path: str | None):
 
         return load_sweep(path).base.tracking
     return load_trial_config(path).tracking
-
-
-def _verbose_argument(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--verbose", action="store_true",
-                         help="show Ray's, Tune's and TensorFlow's own output here, not only in the run's logs/ file")
-
-
-def _sweep_summary(report: dict[str, Any], as_json: bool, out: TextIO) -> int:
-    """Print the trials; exit code 1 when any trial errored, each with its reason."""
-    print(json.dumps(report, default=str) if as_json else format_trials(report, report["metric"]), file=out, flush=True)
-    errored = [trial for trial in report["trials"] if trial["status"] == TrialStatus.ERROR]
-    for trial in errored:
-        full = Path(report["path"], f"trial_{trial['trial_id']}", "error.txt")
-        print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']} (full log: {full})", file=console.err())
-    return 1 if errored else 0
-
-
-def format_trials(report: dict[str, Any], metric: str) -> str:
-    lines = [f"{'trial':<14} {'status':<11} {'step':>6} {metric:>14}  swept values"]
-    for trial in report["trials"]:
-        value = trial["metrics"].get(metric)
-        shown = f"{value:.4g}" if isinstance(value, (int, float)) else "-"
-        swept = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial["config"].items())
-        lines.append(f"{trial['trial_id']:<14} {trial['status']:<11} {trial['metrics'].get('step', 0):>6} {shown:>14}  {swept}")
-    best = report["best"]
-    if best:
-        also = ", ".join(f"{key} {best['metrics'][key]:.3f}" for key in ("eval/AP50", "eval_ema/AP50")
-                         if key != metric and isinstance(best["metrics"].get(key), (int, float)))
-        lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}" + (f" ({also})" if also else ""),
-                  f"  config: {best['config']}", f"  checkpoint: {best['checkpoint']}"]
-    cost = report["cost"]
-    lines.append(f"cost: {cost['cost/cpu_hours']:.3g} CPU-hours, {cost['cost/gpu_hours']:.3g} GPU-hours "
-                 "(what the trials' workers held while they ran)")
-    lines.append(f"results: {report['path']}")
-    unfinished = [t for t in report["trials"] if not TrialStatus(t["status"]).finished]
-    if unfinished:
-        lines.append(f"{len(unfinished)} trial(s) unfinished: detsweep resume {report['path']}")
-    return "\n".join(lines)
 
 
 def eval_command(args: argparse.Namespace) -> int:

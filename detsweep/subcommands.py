@@ -1,5 +1,6 @@
 """The one way detsweep declares a sub-command: ``detsweep NAME`` runs ``run(args)``, which
-returns the exit code; the summary is both the ``--help`` line and the description."""
+returns the exit code; the summary is both the ``--help`` line and the description. The
+flags several commands share (``--set``, ``--verbose``) are declared here once."""
 
 from __future__ import annotations
 
@@ -22,3 +23,13 @@ def add_command(commands: Any, name: str, run: Command, summary: str) -> argpars
     sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
     sub.set_defaults(command=run)
     return sub
+
+
+def add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--set PATH=VALUE``, repeatable, into ``args.overrides``."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help=help)
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Ray's, Tune's and TensorFlow's own output here, not only in the run's logs/ file")

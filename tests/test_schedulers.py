@@ -218,7 +218,7 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
     assert run["trials"] == 4 and run["resumed"] >= 1 and run["reported_twice"] == 0, run
     assert (run["steps"], run["fifo_steps"]) == (80, 160), run
     assert run["nearest"] == 4  # BOHB draws rates of its own: each replays the nearest recorded one
-    from detsweep.cli import format_replay  # what the command prints without --json
+    from detsweep.sweeps.commands import format_replay  # what the command prints without --json
 
     assert f"note: trials went on from a checkpoint {run['resumed']} time(s) after HyperBand paused them" in format_replay(report)
 

@@ -1,0 +1,202 @@
+"""``detsweep validate``, ``launch``, ``status``, ``resume`` and ``replay``, and how a
+sweep's trials are printed (``finetune --sweep`` prints its sweep the same way).
+
+Commands import Ray, Tune and MLflow when they run, so ``detsweep --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from detsweep import console
+from detsweep.errors import DetsweepError
+from detsweep.subcommands import add_command, add_overrides, add_verbose
+from detsweep.tracking.sweep_run import TrialStatus
+
+
+def add_sweep_commands(commands: Any) -> None:
+    """Add the sweep commands to the main parser's subparsers."""
+    validate = add_command(commands, "validate", validate_command, "check a sweep file and show what it would run (starts nothing)")
+    validate.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
+    add_overrides(validate, "override the sweep or its base config, e.g. --set base.train.num_steps=40")
+    validate.add_argument("--address", help="size the sweep for this running Ray cluster (default: this machine)")
+    validate.add_argument("--json", action="store_true", help="print one JSON object")
+
+    launch = add_command(commands, "launch", launch_command, "run a sweep on Ray (a local cluster unless --address)")
+    launch.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
+    add_overrides(launch, "override the sweep or its base config, e.g. --set search.num_samples=2")
+    launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
+    launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best", "mlflow"} at the end')
+    add_verbose(launch)
+    launch.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
+
+    status = add_command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
+    status.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
+    status.add_argument("--json", action="store_true", help="print the same object as launch --json")
+
+    resume = add_command(commands, "resume", resume_command, "finish an interrupted sweep; finished trials are not run again")
+    resume.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
+    resume.add_argument("--retry-errored", action="store_true", help="also continue errored trials from their last checkpoints")
+    resume.add_argument("--address", help="a running Ray cluster (default: start a local one)")
+    resume.add_argument("--json", action="store_true", help="print the same object as launch --json")
+    add_verbose(resume)
+    resume.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
+
+    replay = add_command(commands, "replay", replay_command,
+                         "judge a sweep's searcher and scheduler in seconds on recorded learning curves (no training)")
+    replay.add_argument("curves", metavar="CURVES|EXPERIMENT",
+                        help="a curves file (.json), or a finished sweep's MLflow experiment (its full-budget trials)")
+    replay.add_argument("sweep", help="the sweep file whose search settings to replay")
+    add_overrides(replay, "override the sweep, e.g. --set search.scheduler.grace_period=40")
+    replay.add_argument("--seeds", type=int, default=1, help="replay with this many seeds from the sweep's own (default 1)")
+    replay.add_argument("--signal", action="store_true",
+                        help="also show each metric's rank correlation with the final objective, by step")
+    replay.add_argument("--json", action="store_true",
+                        help="print one JSON object: every seed's run, median, min, max, and the early signal")
+
+
+# --- commands --------------------------------------------------------------------
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.launch import cluster_nodes, local_nodes, validation_report
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(args.sweep, args.overrides)
+    if args.address:
+        from detsweep.cluster import connect
+
+        # Only the cluster's size is asked: a raylet's warning (a full disk) must not join the
+        # one-line answer.
+        connect(args.address, cluster_logs=False)
+    report = validation_report(sweep, cluster_nodes() if args.address else local_nodes(), strict=bool(args.address))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(yaml.safe_dump({"base": report["base"]}, sort_keys=False), end="")
+    print(yaml.safe_dump({k: report[k] for k in ("space", "algorithm", "scheduler", "trials", "grid_points",
+                                                  "resources_per_trial", "trials_at_once")}, sort_keys=False), end="")
+    print("samples:")
+    for drawn in report["samples"]:
+        print("  - " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in drawn.items()))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    print(f"{args.sweep}: valid")
+    return 0
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.launch import launch
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(args.sweep, args.overrides)
+    out = console.take_over(args.json, args.verbose)
+    return sweep_summary(launch(sweep, args.address, register=not args.no_register), args.json, out)
+
+
+def status_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.launch import status
+
+    sweep_summary(status(args.sweep), args.json, sys.stdout)
+    return 0
+
+
+def resume_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.launch import resume
+
+    out = console.take_over(args.json, args.verbose)
+    report = resume(args.sweep, args.address, retry_errored=args.retry_errored, register=not args.no_register)
+    return sweep_summary(report, args.json, out)
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.replay import load_curves, replay
+    from detsweep.sweeps.spec import load_sweep
+
+    if args.seeds < 1:
+        raise DetsweepError(f"--seeds: found {args.seeds}, expected 1 or more")
+    sweep = load_sweep(args.sweep, args.overrides)
+    curves = load_curves(args.curves, sweep)
+    out = console.take_over(args.json)  # Tune's own lines: into a scratch log, dropped at the end
+    import ray
+
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    with console.working(f"replaying {args.sweep} on {len(curves.configs)} recorded trials, {args.seeds} seed(s)"):
+        report = replay(sweep, curves, args.seeds)
+    text = format_replay(report) + ("\n" + format_signal(report) if args.signal else "")
+    print(json.dumps(report) if args.json else text, file=out, flush=True)
+    return 0
+
+
+def format_signal(report: dict[str, Any], columns: int = 10) -> str:
+    """The early-signal table: a row per metric, at most ``columns`` steps spread over the budget."""
+    steps = sorted({step for by_step in report["early_signal"].values() for step in by_step})
+    shown = [steps[round(i * (len(steps) - 1) / (columns - 1))] for i in range(columns)] if len(steps) > columns else steps
+    shown = sorted(set(shown))
+    lines = [f"rank correlation (Spearman) with the final {report['metric']}, by step:",
+             f"{'metric':<28}" + "".join(f"{step:>8}" for step in shown)]
+    for metric, by_step in report["early_signal"].items():
+        cells = [by_step.get(step) for step in shown]
+        lines.append(f"{metric:<28}" + "".join(f"{'-' if cell is None else format(cell, '.2f'):>8}" for cell in cells))
+    return "\n".join(lines)
+
+
+def format_replay(report: dict[str, Any]) -> str:
+    rows = [("training steps spent", "steps", "{:.0f}"), ("share of FIFO's steps", "share_of_fifo", "{:.0%}"),
+            (f"returned trial's final {report['metric']}", "returned", "{:.4g}"),
+            ("regret against the best recorded", "regret", "{:.4g}"),
+            ("steps spent before it first reported", "steps_until_returned_seen", "{:.0f}")]
+    lines = [f"replay of {report['sweep']} on {report['recorded_trials']} recorded trials, {len(report['runs'])} seed(s); "
+             f"best recorded {report['metric']} {report['best_recorded']:.4g}",
+             f"{'':<40} {'median':>9} {'min':>9} {'max':>9}"]
+    lines += [f"{label:<40} " + " ".join(f"{form.format(report[which][key]):>9}" for which in ("median", "min", "max"))
+              for label, key, form in rows]
+    nearest = sum(run["nearest"] for run in report["runs"])
+    if nearest:
+        lines.append(f"note: {nearest} drawn configuration(s) were not recorded and replayed the nearest recorded one")
+    resumed = sum(run.get("resumed", 0) for run in report["runs"])
+    if resumed:
+        lines.append(f"note: trials went on from a checkpoint {resumed} time(s) after HyperBand paused them")
+    late = sum(run.get("out_of_order", 0) for run in report["runs"])
+    if late:
+        lines.append(f"note: {late} report(s) waited past the replay's patience and may have come out of step order")
+    return "\n".join(lines)
+
+
+def sweep_summary(report: dict[str, Any], as_json: bool, out: TextIO) -> int:
+    """Print the trials; exit code 1 when any trial errored, each with its reason."""
+    print(json.dumps(report, default=str) if as_json else format_trials(report, report["metric"]), file=out, flush=True)
+    errored = [trial for trial in report["trials"] if trial["status"] == TrialStatus.ERROR]
+    for trial in errored:
+        full = Path(report["path"], f"trial_{trial['trial_id']}", "error.txt")
+        print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']} (full log: {full})", file=console.err())
+    return 1 if errored else 0
+
+
+def format_trials(report: dict[str, Any], metric: str) -> str:
+    lines = [f"{'trial':<14} {'status':<11} {'step':>6} {metric:>14}  swept values"]
+    for trial in report["trials"]:
+        value = trial["metrics"].get(metric)
+        shown = f"{value:.4g}" if isinstance(value, (int, float)) else "-"
+        swept = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial["config"].items())
+        lines.append(f"{trial['trial_id']:<14} {trial['status']:<11} {trial['metrics'].get('step', 0):>6} {shown:>14}  {swept}")
+    best = report["best"]
+    if best:
+        also = ", ".join(f"{key} {best['metrics'][key]:.3f}" for key in ("eval/AP50", "eval_ema/AP50")
+                         if key != metric and isinstance(best["metrics"].get(key), (int, float)))
+        lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}" + (f" ({also})" if also else ""),
+                  f"  config: {best['config']}", f"  checkpoint: {best['checkpoint']}"]
+    cost = report["cost"]
+    lines.append(f"cost: {cost['cost/cpu_hours']:.3g} CPU-hours, {cost['cost/gpu_hours']:.3g} GPU-hours "
+                 "(what the trials' workers held while they ran)")
+    lines.append(f"results: {report['path']}")
+    unfinished = [t for t in report["trials"] if not TrialStatus(t["status"]).finished]
+    if unfinished:
+        lines.append(f"{len(unfinished)} trial(s) unfinished: detsweep resume {report['path']}")
+    return "\n".join(lines)
