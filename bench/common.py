@@ -12,7 +12,9 @@ import argparse
 import json
 import os
 import platform
+import random
 import shutil
+import socket
 import statistics
 import subprocess
 import time
@@ -136,3 +138,26 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--smoke", action="store_true", help="a tiny run that only checks the script works")
     parser.add_argument("--out", type=Path, default=RESULTS_JSON, help="the results file to update")
     return parser
+
+
+# Ports a benchmark or a test may take for a server: above Ray's worker ports (10002-19999 by
+# default) and below the kernel's ephemeral range (32768 on), from which any process's outgoing
+# connection or bind to port 0 may take one between our check and the server's bind.
+PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A port nobody listens on, never handed out before in this run: the several asked for
+    before any is bound (a cluster's dashboard and agents) cannot be the same one."""
+    for port in random.SystemRandom().sample(PORTS, 200):  # not a seed a test may have set
+        if port in _handed_out:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # taken
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port among 200 tried in {PORTS}")

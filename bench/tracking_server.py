@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,17 +17,11 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from .common import REPO, Entry, Target, arguments, record
+from .common import REPO, Entry, Target, arguments, free_port, record
 
 SCRIPT = REPO / "cluster" / "mlflow_server.sh"
 CACHE = "auth_cache_ttl_seconds = 60\n"
 USER = {"MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": "Bench-pass-for-detsweep"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def requests_per_second(script_text: str, requests: int, folder: Path) -> float:

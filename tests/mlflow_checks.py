@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from bench.common import free_port
 
 from .conftest import REPO, commands_in_group, kill_session, time_left
 
@@ -197,31 +198,6 @@ def assert_no_secret(report: dict, secret: str, tmp_path: Path) -> None:
         folder = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts" / run_id)))
         texts = [path for path in folder.rglob("*") if path.suffix in (".yaml", ".csv", ".txt", ".json")]
         assert texts and not any(secret in path.read_text() for path in texts)
-
-
-# Ports a test may take for a server: above Ray's worker ports (10002-19999 by default) and
-# below the kernel's ephemeral range (32768 on), from which any process's outgoing connection
-# or bind to port 0 may take one between our check and the server's bind.
-PORTS = range(20000, 32768)
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A port nobody listens on, never handed out before in this run: the several asked for
-    before any is bound (a cluster's dashboard and agents) cannot be the same one."""
-    import random
-
-    for port in random.SystemRandom().sample(PORTS, 200):  # not the seed pytest-randomly sets per test
-        if port in _handed_out:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:  # taken
-                continue
-        _handed_out.add(port)
-        return port
-    raise AssertionError(f"no free port among 200 tried in {PORTS}")
 
 
 @contextlib.contextmanager

@@ -344,9 +344,9 @@ def test_the_replay_clock_lets_trials_report_in_step_order_however_late_they_ask
     yet."""
     import asyncio
 
-    from detsweep.sweeps.replay import _Clock
+    from detsweep.sweeps.replay import StepClock
 
-    clock, granted, ended = _Clock(slots=2, trials=3, patience_s=5), [], {}
+    clock, granted, ended = StepClock(slots=2, trials=3, patience_s=5), [], {}
 
     async def trial(name: str, place: int, steps: list[int], delay: float, after: str = "") -> None:
         if after:  # Tune starts it once that trial has ended
@@ -373,9 +373,9 @@ def test_the_replay_clock_lets_trials_report_in_step_order_however_late_they_ask
 def test_the_replay_clock_lets_the_earliest_go_and_counts_it_when_a_live_trial_never_asks():
     import asyncio
 
-    from detsweep.sweeps.replay import _Clock
+    from detsweep.sweeps.replay import StepClock
 
-    clock = _Clock(slots=2, trials=2, patience_s=0.2)
+    clock = StepClock(slots=2, trials=2, patience_s=0.2)
 
     async def sweep() -> None:
         await clock.start("silent", 0)

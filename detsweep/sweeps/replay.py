@@ -5,7 +5,7 @@
 recorded for the configuration it drew, or the nearest one (and the output says how many
 were). Time runs in training steps, so that asynchronous decisions come in the order they
 would have: a clock lets trials report one at a time in step order, the same on any
-machine (``_Clock``), except under HyperBand, whose trials pause and start again in slots
+machine (``StepClock``), except under HyperBand, whose trials pause and start again in slots
 the clock cannot foresee (``tick_s`` of sleep per step there). Per seed it measures what a
 sweep costs and what it returns; over seeds, their median and spread.
 
@@ -167,7 +167,7 @@ def _resumed_at(checkpoint: tune.Checkpoint | None) -> int:
         return int(Path(folder, "step").read_text())
 
 
-class _Clock:
+class StepClock:
     """Replay time in training steps, the same on any machine: trials report in the order of
     their steps, one at a time.
 
@@ -235,7 +235,7 @@ class _Clock:
             candidates, key=lambda other: (self.position[other], self.order.get(other, math.inf)))
 
 
-_RemoteClock = ray.remote(num_cpus=0)(_Clock)
+_RemoteClock = ray.remote(num_cpus=0)(StepClock)
 
 
 class _Lifecycle(tune.Callback):
