@@ -1,4 +1,5 @@
-"""What every benchmark shares: the machine it ran on, medians, and where results are kept.
+"""What every benchmark shares: the machine it ran on, medians, where results are kept, and a
+free port for a server (the tests take theirs here too).
 
 Each benchmark measures contenders side by side in one run and records one entry of
 ``bench/results.json``: its settings, a table, ratios and the targets they are held to.

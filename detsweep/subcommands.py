@@ -31,5 +31,6 @@ def add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
 
 
 def add_verbose(parser: argparse.ArgumentParser) -> None:
+    """``--verbose``: Ray's, Tune's and TensorFlow's own lines on the terminal too."""
     parser.add_argument("--verbose", action="store_true",
                         help="show Ray's, Tune's and TensorFlow's own output here, not only in the run's logs/ file")

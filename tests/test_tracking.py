@@ -441,7 +441,7 @@ def test_writes_lost_to_a_server_that_stays_away_past_a_trials_end_are_listed_in
         assert [m.step for m in client.get_metric_history(run.run_id, "train/loss")] == [10]
 
 
-def test_a_trial_logs_its_datasets_when_another_trial_made_them_first(tmp_path):
+def test_a_trial_logs_its_datasets_when_another_trial_made_them_first(tmp_path, caplog):
     """Two trials of a sweep start together and both log the same new dataset: the other's
     write lands between MLflow's read (the dataset is not there) and its insert, which the
     datasets' key (experiment, name, digest) then refuses as a bad request. The interleaving
@@ -471,11 +471,37 @@ def test_a_trial_logs_its_datasets_when_another_trial_made_them_first(tmp_path):
 
     event.listen(Engine, "before_cursor_execute", the_other_trial_first)
     try:
-        run = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
-        lost = run.close()
+        with caplog.at_level("INFO", logger="detsweep.tracking.trial_run"):
+            run = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
+            run.close(120)
     finally:
         event.remove(Engine, "before_cursor_execute", the_other_trial_first)
-    assert raced == ["mlflow-writer"] and not lost, (raced, lost)  # the race happened, in the trial's writer
+    assert raced == ["mlflow-writer"], raced  # the race happened, in the trial's writer
+    assert "logging the datasets again after a conflict" in caplog.text and run.writer.lost == [], run.writer.lost
     for run_id in (other_run, run.run_id):
         inputs = MlflowClient(backend.uri).get_run(run_id).inputs.dataset_inputs
         assert {i.tags[0].value for i in inputs} == {"training", "validation"}, run_id
+
+
+def test_a_sweep_uses_the_experiment_another_sweep_made_since_it_looked(tmp_path):
+    """Two sweeps start into one new experiment: the one whose create comes second is refused
+    (RESOURCE_ALREADY_EXISTS) and takes the other's. Its first look is made to come before
+    the other's create; the store is real."""
+    from mlflow import MlflowClient
+
+    from detsweep.tracking.sweep_run import experiment_id
+
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    theirs = MlflowClient(backend.uri).create_experiment("shared")
+
+    class LookedBefore(MlflowClient):
+        looked = False
+
+        def get_experiment_by_name(self, name):
+            if not self.looked:  # the look that came before the other sweep's create
+                self.looked = True
+                return None
+            return super().get_experiment_by_name(name)
+
+    client = LookedBefore(backend.uri)
+    assert experiment_id(client, "shared", backend) == theirs and client.looked

@@ -1,5 +1,6 @@
-"""``detsweep validate``, ``launch``, ``resume`` and ``status``: check a sweep, run it on Ray,
-finish it after an interruption, and summarise its trials."""
+"""What ``detsweep validate``, ``launch``, ``resume`` and ``status`` do: check a sweep, run it
+on Ray, finish it after an interruption, and summarise its trials (``commands.py`` parses
+their arguments and prints what they return)."""
 
 from __future__ import annotations
 

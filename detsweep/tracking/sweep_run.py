@@ -52,10 +52,17 @@ def experiment_id(client, name: str, backend: Backend) -> str:
         if experiment.lifecycle_stage == "deleted":
             client.restore_experiment(experiment.experiment_id)
         return experiment.experiment_id
+    from mlflow.exceptions import MlflowException
+
     location = f"{backend.artifact_root}/{name}" if backend.artifact_root else None
-    # The kind makes the MLflow UI open the experiment on its training runs, not on GenAI traces.
-    return client.create_experiment(name, artifact_location=location,
-                                    tags={"mlflow.experimentKind": "custom_model_development"})
+    try:
+        # The kind makes the MLflow UI open the experiment on its training runs, not on GenAI traces.
+        return client.create_experiment(name, artifact_location=location,
+                                        tags={"mlflow.experimentKind": "custom_model_development"})
+    except MlflowException as refused:  # another sweep made it since we looked: use theirs
+        if refused.error_code != "RESOURCE_ALREADY_EXISTS" or client.get_experiment_by_name(name) is None:
+            raise
+        return client.get_experiment_by_name(name).experiment_id
 
 
 def open_sweep_run(sweep, results_path: str, backend: Backend, as_run: dict[str, Any],

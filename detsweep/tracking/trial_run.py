@@ -147,18 +147,22 @@ class TrialRun:
                              "config.yaml")
         self._log_datasets()
 
-    def _log_datasets(self) -> None:
+    def _log_datasets(self, attempts: int = 3) -> None:
         """The run's dataset inputs. Trials that start together log the same new datasets, and
         one may make a dataset between MLflow's read (not there) and its insert: MLflow refuses
         that insert as a bad request (the datasets' key is experiment, name and digest). Logging
-        inputs writes only what is missing, so the second time finds the other's dataset."""
+        inputs writes only what is missing, so the next attempt finds the other's dataset; any
+        other failure goes to the writer's retries."""
         from mlflow.exceptions import MlflowException
 
-        try:
-            self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
-        except MlflowException as refused:
-            log.info("MLflow: logging the datasets again after %s", refused.error_code)
-            self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
+        for attempt in range(1, attempts + 1):
+            try:
+                self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
+                return
+            except MlflowException as refused:
+                if refused.error_code != "BAD_REQUEST" or attempt == attempts:
+                    raise
+                log.info("MLflow: logging the datasets again after a conflict with another trial: %s", refused)
 
     def system_metrics_target(self, timeout_s: float = 10.0) -> dict[str, str] | None:
         """Where the trial's workers log MLflow's system metrics: this run, once it is open;
