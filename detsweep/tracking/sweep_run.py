@@ -60,9 +60,10 @@ def experiment_id(client, name: str, backend: Backend) -> str:
         return client.create_experiment(name, artifact_location=location,
                                         tags={"mlflow.experimentKind": "custom_model_development"})
     except MlflowException as refused:  # another sweep made it since we looked: use theirs
-        if refused.error_code != "RESOURCE_ALREADY_EXISTS" or client.get_experiment_by_name(name) is None:
+        theirs = client.get_experiment_by_name(name) if refused.error_code == "RESOURCE_ALREADY_EXISTS" else None
+        if theirs is None:
             raise
-        return client.get_experiment_by_name(name).experiment_id
+        return theirs.experiment_id
 
 
 def open_sweep_run(sweep, results_path: str, backend: Backend, as_run: dict[str, Any],

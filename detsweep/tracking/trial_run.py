@@ -155,9 +155,10 @@ class TrialRun:
         other failure goes to the writer's retries."""
         from mlflow.exceptions import MlflowException
 
+        datasets = dataset_inputs(self.config)  # reads the annotation files' sizes: once
         for attempt in range(1, attempts + 1):
             try:
-                self.client.log_inputs(self.run_id, datasets=dataset_inputs(self.config))
+                self.client.log_inputs(self.run_id, datasets=datasets)
                 return
             except MlflowException as refused:
                 if refused.error_code != "BAD_REQUEST" or attempt == attempts:
