@@ -79,14 +79,18 @@ def test_on_a_pipe_events_are_lines_and_the_table_comes_every_table_every_s():
     progress = SweepProgress([PATH], "eval/AP", 20, stream=stream, table_every_s=0.1)
     assert not progress.live
     done = trial("a_00000", 0.02, Trial.TERMINATED, step=20, **{"eval/AP": 0.5})
+    stopped = trial("a_00001", 0.01, Trial.TERMINATED, step=5, **{"eval/AP": 0.1})  # Tune's name for it
     progress.on_trial_complete(0, [done], done)
-    progress.on_step_end(0, [done])
+    progress.on_trial_complete(0, [done, stopped], stopped)
+    progress.on_step_end(0, [done, stopped])
     time.sleep(0.15)
-    progress.on_step_end(0, [done])
+    progress.on_step_end(0, [done, stopped])
     assert stream.getvalue().splitlines() == [
         "trial a_00000 finished at step 20: eval/AP 0.5",
+        "trial a_00001 stopped early by the scheduler at step 5: eval/AP 0.1",
         "trial    status      step  eval/AP  learning_rate_base",
-        "a_00000  TERMINATED  20    0.5      0.02"]
+        "a_00000  TERMINATED  20    0.5      0.02",
+        "a_00001  STOPPED     5     0.1      0.01"]  # as the sweep's final table says it
 
 
 def test_long_work_shows_a_spinner_with_its_time_on_a_terminal_and_nothing_on_a_pipe(terminal, monkeypatch):

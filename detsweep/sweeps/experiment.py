@@ -122,7 +122,7 @@ def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
     for trial, result in zip(analysis.trials, ResultGrid(analysis)):
         metrics = {k: v for k, v in (trial.last_result or {}).items() if "/" in k or k == "step"}
         rows.append(TrialOutcome(
-            trial.trial_id, _status(trial.status, metrics, sweep), metrics,
+            trial.trial_id, TrialStatus.of(trial.status, metrics.get("step", 0), sweep.base.train.num_steps), metrics,
             swept_values(trial.config, paths), _best_checkpoint(result, sweep),
             failure_reason(trial.get_error()) if trial.status == TrialStatus.ERROR else None,
             trial_cost(float((trial.last_result or {}).get("time_total_s", 0.0)), sweep.base.scaling),
@@ -146,12 +146,6 @@ def stored_run_link(path: str):
         if trial.config.get("tracking"):
             return RunLink(**trial.config["tracking"])
     raise DetsweepError(f"{path}: no trial of this sweep has an MLflow run to continue")
-
-
-def _status(status: str, metrics: dict[str, Any], sweep: Sweep) -> TrialStatus:
-    if status == TrialStatus.TERMINATED and metrics.get("step", 0) < sweep.base.train.num_steps:
-        return TrialStatus.STOPPED
-    return TrialStatus(status)
 
 
 def _best_checkpoint(result, sweep: Sweep) -> str | None:

@@ -9,12 +9,14 @@ event lines as trials move; on a pipe or a file it is printed every ``table_ever
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from ray import tune
 
 from detsweep import console
 from detsweep.errors import failure_reason
+from detsweep.tracking.sweep_run import TrialStatus
 from detsweep.trainables.trial import swept_values
 
 REDRAW_EVERY_S = 0.5  # Tune calls on_step_end many times a second; the table changes per report
@@ -24,6 +26,16 @@ def short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def latest_error(trial) -> str | None:
+    """The trial's error as Tune has just written it, into the driver's staging folder;
+    ``Trial.get_error`` reads the copy in the sweep's storage, which comes later (and for a
+    resumed sweep may be the last run's)."""
+    staged = trial.error_file
+    if staged and Path(staged).exists():
+        return Path(staged).read_text()
+    return trial.get_error()
 
 
 class SweepProgress(tune.Callback):
@@ -87,7 +99,7 @@ class SweepProgress(tune.Callback):
         self._redraw(trials)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._print(f"trial {self._label(trial)} errored: {failure_reason(trial.get_error())}")
+        self._print(f"trial {self._label(trial)} errored: {failure_reason(latest_error(trial))}")
         self._redraw(trials)
 
     def on_step_end(self, iteration, trials, **info) -> None:
@@ -121,9 +133,13 @@ class SweepProgress(tune.Callback):
             self._display.start()
         self._display.update(self.live_table(trials), refresh=True)
 
+    def _status(self, trial) -> str:
+        """As the sweep's final table says it: a trial ended before ``num_steps`` is ``STOPPED``."""
+        return str(TrialStatus.of(trial.status, trial.last_result.get("step", 0), self.num_steps))
+
     def rows(self, trials) -> tuple[list[str], list[list[str]]]:
         headers = ["trial", "status", "step", self.metric] + [path.rsplit(".", 1)[-1] for path in self.paths]
-        rows = [[self._label(trial), trial.status, str(trial.last_result.get("step", "")),
+        rows = [[self._label(trial), self._status(trial), str(trial.last_result.get("step", "")),
                  short(trial.last_result.get(self.metric, ""))]
                 + [short(value) for value in swept_values(trial.config, self.paths).values()]
                 for trial in trials]
@@ -143,7 +159,7 @@ class SweepProgress(tune.Callback):
         headers, rows = self.rows(trials)
         counts: dict[str, int] = {}
         for trial in trials:
-            counts[trial.status] = counts.get(trial.status, 0) + 1
+            counts[self._status(trial)] = counts.get(self._status(trial), 0) + 1
         elapsed = time.monotonic() - self._started
         table = Table(*headers, caption=", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
                       + f"; {elapsed // 60:.0f} min {elapsed % 60:02.0f} s", caption_justify="left")

@@ -36,6 +36,13 @@ class TrialStatus(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def of(cls, tune_status: str, step: int, num_steps: int) -> TrialStatus:
+        """What a trial Tune calls ``tune_status`` is, at ``step`` of a sweep of ``num_steps``."""
+        if tune_status == cls.TERMINATED and step < num_steps:
+            return cls.STOPPED
+        return cls(tune_status)
+
     @property
     def finished(self) -> bool:
         """It will not run again: it trained to the end, was stopped, or failed."""
