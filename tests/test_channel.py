@@ -15,6 +15,8 @@ from detsweep.trainables.channel import (
     LoopSender,
     RayReport,
     RunEnded,
+    RunError,
+    TrainingFailed,
     WorkersFailed,
     in_step_order,
 )
@@ -173,6 +175,17 @@ def test_a_failed_evaluation_ends_the_stream_with_its_reason():
         arrived.put(item)
     with pytest.raises(EvaluationError, match="the evaluation of step 1 failed: val.record: no such file"):
         list(in_step_order(arrived))
+
+
+def test_a_training_that_failed_passes_on_every_step_before_it_then_ends_with_its_reason():
+    # Rank 0's last loop was a milestone: Ray Train's report of it arrives after rank 0's reason.
+    arrived, passed = queue.Queue(), []
+    for item in [loop(1), loop(2, milestone=True), TrainingFailed("loss is NaN/Inf at step 3"), report(2), RunEnded()]:
+        arrived.put(item)
+    with pytest.raises(RunError, match=r"^loss is NaN/Inf at step 3$"):
+        for metrics, checkpoint in in_step_order(arrived):
+            passed.append((metrics["step"], metrics["source"], checkpoint))
+    assert passed == [(1, "loop", None), (2, "ray", "ckpt")]
 
 
 @pytest.fixture(scope="module")

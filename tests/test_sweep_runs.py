@@ -67,6 +67,7 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(ash
     diverged = by_lr[1e12]
     assert diverged["status"] == "ERROR" and diverged["error"].startswith("loss is NaN/Inf at step")
     assert f"trial {diverged['trial_id']} failed: loss is NaN/Inf at step" in result.stderr
+    assert f"trial {diverged['trial_id']} errored: loss is NaN/Inf at step" in result.stderr  # as it happened
     error_file = Path(report["path"], f"trial_{diverged['trial_id']}", "error.txt")
     assert f"(full log: {error_file})" in result.stderr and error_file.is_file()
     # the console has detsweep's lines only; Ray's, Tune's and the workers' are in the sweep's log
@@ -106,6 +107,9 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(ash
         assert (run.data.tags.get("early_stopped") == "true") == (trial["status"] == "STOPPED")
     failed = children[diverged["trial_id"]]
     assert "loss is NaN/Inf at step" in failed.data.tags["detsweep.error"]
+    # a diverged training ends its run: Ray Train did not restart its workers (max_failures 2),
+    # whose last checkpoint would only diverge again
+    assert "detsweep.worker_failures" not in failed.data.tags, failed.data.tags
     assert (tmp_path / "mlartifacts" / "tiny").is_dir()
 
 

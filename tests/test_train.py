@@ -269,7 +269,6 @@ def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_b
     result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
                      "--set", "train.num_steps=12", "--set", "train.steps_per_loop=1", "--set", "train.eval_every=12",
                      "--set", "train.checkpoint_every=12",
-                     "--set", "scaling.max_failures=0",  # one attempt: no restart to replay the loops
                      "--storage", str(tmp_path / "ray"),
                      "--set", "optimizer.learning_rate={type: manual_step, initial_learning_rate: 0.01, "
                                   "schedule: [{step: 4, learning_rate: 1.0e+12}]}")

@@ -296,7 +296,8 @@ class ScalingConfig(Section):
     use_tpu: bool = False
     topology: str | None = Field(None, description="TPU slice topology, e.g. 2x2x2 (use_tpu)")
     accelerator_type: str | None = Field(None, description="e.g. A100 or TPU-V4; None: any")
-    max_failures: NonNegInt = Field(2, description="worker-group restarts from the last checkpoint before failing")
+    max_failures: NonNegInt = Field(2, description="worker-group restarts from the last checkpoint before failing, "
+                                     "when workers fail (a diverged training is not restarted)")
 
     @model_validator(mode="after")
     def _one_accelerator(self) -> ScalingConfig:

@@ -21,7 +21,11 @@ Ray ``Queue``, an actor that process owns:
 - with ``train.evaluation: async`` a milestone's checkpoint is evaluated by a Ray task of its
   own (Ray Train's ``ValidationConfig``, :mod:`.evaluator`), which puts the metrics on the same
   queue; the merge adds them to the milestone's report, so Tune, MLflow and the progress lines
-  see them at the checkpoint's step, as if the workers had evaluated inline.
+  see them at the checkpoint's step, as if the workers had evaluated inline;
+- a training that diverged ends its run rather than fail its workers: Ray Train restarts failed
+  workers from their last checkpoint (``scaling.max_failures``), where the same steps would
+  diverge again. Rank 0 sends the reason after its last loop (:class:`TrainingFailed`), and the
+  merge raises it once every step before it was passed on.
 """
 
 from __future__ import annotations
@@ -76,7 +80,18 @@ class EvaluationFailed:
     reason: str
 
 
-class EvaluationError(RuntimeError):
+@dataclass(frozen=True)
+class TrainingFailed:
+    """From rank 0, after its last loop: training ended for a reason a restart would not mend."""
+
+    reason: str
+
+
+class RunError(RuntimeError):
+    """The run cannot go on; the message is why, in one line."""
+
+
+class EvaluationError(RunError):
     """An evaluation off the training path failed: the run has no score at that step."""
 
 
@@ -133,11 +148,11 @@ class LoopSender:
 
     def __init__(self, reports: Queue):
         self.reports = reports
-        self.pending: local.Queue[LoopMetrics] = local.Queue()
+        self.pending: local.Queue[LoopMetrics | TrainingFailed] = local.Queue()
         self.failure: BaseException | None = None
         threading.Thread(target=self._deliver, name="detsweep-loop-sender", daemon=True).start()
 
-    def send(self, loop: LoopMetrics) -> None:
+    def send(self, loop: LoopMetrics | TrainingFailed) -> None:
         self.pending.put(loop)
 
     def flush(self) -> None:
@@ -168,17 +183,21 @@ def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: 
     with the next step passed on), and ``notes`` hears of it (a restart that went back further
     than its checkpoint shows there), as of failed workers. ``settled(step)`` is called once an
     evaluated step was passed on (and its consumer returned) or dropped: only then may Ray
-    Train delete that checkpoint. Raises :class:`EvaluationError` when an evaluation failed."""
+    Train delete that checkpoint. Raises :class:`EvaluationError` when an evaluation failed,
+    and :class:`RunError` at the end of a run whose training failed (every step before passed on)."""
     loops: dict[int, LoopMetrics] = {}
     received: dict[int, RayReport] = {}
     evaluations: dict[int, Evaluation] = {}
     carried: dict[str, Any] = {}  # what a restart said once on a dropped step, for the next step passed on
+    failed: TrainingFailed | None = None
     passed = -1
     ended = False
     while not ended:
         item = reports.get()
         if isinstance(item, RunEnded):
             ended = True
+        elif isinstance(item, TrainingFailed):
+            failed = item
         elif isinstance(item, WorkersFailed):
             notes.note_worker_failure(item.reason)
         elif isinstance(item, EvaluationFailed):
@@ -205,6 +224,8 @@ def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: 
                 notes.note_replayed(step)
             if evaluation is not None:
                 settled(step)
+    if failed is not None:
+        raise RunError(failed.reason)
 
 
 def _incomplete(loop: LoopMetrics | None, report: RayReport | None, evaluation: Evaluation | None) -> bool:

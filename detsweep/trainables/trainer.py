@@ -18,7 +18,7 @@ from detsweep.config import ScalingConfig, TrialConfig
 from detsweep.errors import DetsweepError, failure_reason, stderr_held_back
 from detsweep.startup import StartupClock
 
-from .channel import NO_NOTES, EvaluationError, ForwardReports, RunEnded, RunNotes, in_step_order
+from .channel import NO_NOTES, ForwardReports, RunEnded, RunError, RunNotes, in_step_order
 from .evaluator import evaluation_task
 from .tf_config import TensorflowWorkers
 from .worker import train_loop_per_worker
@@ -182,7 +182,7 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
         settle = settled.put if settled is not None else lambda step: None
         for metrics, checkpoint in in_step_order(reports, settle, notes):
             on_report(metrics, checkpoint)
-    except EvaluationError as error:  # the run has no score at that step: it cannot go on
+    except RunError as error:  # it diverged, or has no score at a step: it cannot go on
         return str(error)
     return failure_reason(failure[0]) if failure else None
 

@@ -14,7 +14,7 @@ import ray.train
 from detsweep.config import TrialConfig
 from detsweep.startup import StartupClock
 
-from .channel import LoopMetrics, LoopSender
+from .channel import LoopMetrics, LoopSender, TrainingFailed
 
 
 def quiet_report_logging() -> None:
@@ -87,6 +87,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     startup.mark("workers")
     from detsweep.train import (  # TensorFlow loads here only
         Milestone,
+        TrainingDiverged,
         WorkerContext,
         run_training,
         with_first_report_extras,
@@ -129,6 +130,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
                                     startup=startup, fine_tune_from=fine_tune_from)
             run_training(config, with_first_report_extras(report, lambda: first_report_extras(
                 startup, config, schedule_picture=pictures and rank == 0)), context)
+    except TrainingDiverged as diverged:
+        # Not a fault for Ray Train to restart the workers from (max_failures): from their last
+        # checkpoint the same steps diverge again. Every worker ends here, at the same step (the
+        # loss is all-reduced), and the run ends with the reason.
+        if sender:
+            sender.send(TrainingFailed(str(diverged)))
     finally:
         if sender:  # a failed training's loops, too, reach the run before its error does
             sender.flush()
