@@ -43,10 +43,11 @@ $(BROWSER):
 # installs the same versions pip would, in 48-57 s against pip's 88 s here (it downloads in
 # parallel), compiled to bytecode as pip does: Python may not write any of its own here
 # (PYTHONDONTWRITEBYTECODE), and every process would then compile TensorFlow again. Nothing
-# is cached outside the venv (no pip or uv cache).
+# is cached outside the venv (no pip or uv cache). uv reads UV_DEFAULT_INDEX, not pip's
+# configuration, for a package mirror.
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-cache-dir uv
+	$(BIN)/python -m pip install --quiet --no-cache-dir 'uv==0.13.*'
 	UV_CACHE_DIR=$(VENV)/.uv-cache $(BIN)/uv pip install --quiet --no-cache --compile-bytecode \
 	  --python $(BIN)/python -e '.[dev]'
 	touch $@

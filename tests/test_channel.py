@@ -188,6 +188,16 @@ def test_a_training_that_failed_passes_on_every_step_before_it_then_ends_with_it
     assert passed == [(1, "loop", None), (2, "ray", "ckpt")]
 
 
+def test_a_restart_after_rank_0_said_why_it_failed_gets_a_say_of_its_own():
+    # Rank 0 diverged, then a worker died before the run ended: Ray Train restarts the group
+    # from its checkpoint, and this time it trains to the end.
+    arrived = queue.Queue()
+    for item in [loop(1), TrainingFailed("loss is NaN/Inf at step 2"), WorkersFailed("the worker died"), loop(2),
+                 RunEnded()]:
+        arrived.put(item)
+    assert [m["step"] for m, _ in in_step_order(arrived)] == [1, 2]
+
+
 @pytest.fixture(scope="module")
 def ray_queue():
     """A real Ray queue on a small local cluster of this test module's own."""

@@ -265,7 +265,8 @@ def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_
 def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it(tmp_path):
     """Four good loops of one step, then a learning rate of 1e12: the process says why it
     failed, and each loop before the failure still reached the driver (none is left behind in
-    the worker's sender when its training raises)."""
+    the worker's sender when its training stops). Ray Train did not restart the workers
+    (``scaling.max_failures`` is 2): from their checkpoint they would only diverge again."""
     result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
                      "--set", "train.num_steps=12", "--set", "train.steps_per_loop=1", "--set", "train.eval_every=12",
                      "--set", "train.checkpoint_every=12",
@@ -278,6 +279,7 @@ def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_b
     assert reason, result.stderr[-3000:]
     trained = int(reason[1])
     assert trained >= 4
+    assert "workers failed" not in result.stdout, result.stdout[-3000:]
     assert [int(m[1]) for m in LINE.finditer(result.stdout)] == list(range(1, trained + 1))
 
 

@@ -198,7 +198,8 @@ def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: 
             ended = True
         elif isinstance(item, TrainingFailed):
             failed = item
-        elif isinstance(item, WorkersFailed):
+        elif isinstance(item, WorkersFailed):  # a restarted group sends its own reason if it fails again
+            failed = None
             notes.note_worker_failure(item.reason)
         elif isinstance(item, EvaluationFailed):
             raise EvaluationError(f"the evaluation of step {item.step} failed: {item.reason}")

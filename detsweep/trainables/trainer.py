@@ -187,6 +187,17 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
     return failure_reason(failure[0]) if failure else None
 
 
+class ConsoleNotes:
+    """What ``detsweep train`` says beside its progress lines: that Ray Train found failed workers."""
+
+    def note_replayed(self, step: int) -> None:
+        pass  # the progress lines show each step once; the replay is not news to a person watching
+
+    def note_worker_failure(self, reason: str) -> None:
+        console.say(f"workers failed: {reason} (Ray Train restarts them from the last checkpoint "
+                    "while scaling.max_failures allows)")
+
+
 def run_train(config: TrialConfig, name: str, address: str | None = None,
               storage_path: str | None = None) -> TrainOutcome:
     """One training through Ray Train, as ``detsweep train`` runs it."""
@@ -202,7 +213,7 @@ def run_train(config: TrialConfig, name: str, address: str | None = None,
         last["metrics"] = metrics
         last["checkpoint"] = checkpoint.path if checkpoint else last["checkpoint"]
 
-    error = stream_training(config, name, storage_path, keep_last, startup=startup)
+    error = stream_training(config, name, storage_path, keep_last, startup=startup, notes=ConsoleNotes())
     if error:
         return TrainOutcome(steps=0, metrics={}, checkpoint=None, error=error)
     metrics = last["metrics"]
