@@ -215,7 +215,7 @@ OUR_LINES = re.compile("|".join([
     r"MLflow: .+", r"detsweep: .+", r"fine-tune: .+",
     r".+: \d+ images?, \d+ box(es)?, \d+ categor(y|ies)(; .+)?",  # a dataset's summary
     r"trial \w+ (started: .*|step \d+/\d+.*|finished at step .+|stopped early by the scheduler at step .+|errored: .+)",
-    r"trial +status +step .+", r"\w+_\d{5} +(PENDING|RUNNING|PAUSED|TERMINATED|ERROR)\b.*",  # the trial table
+    r"trial +status +step .+", r"\w+_\d{5} +(PENDING|RUNNING|PAUSED|TERMINATED|STOPPED|ERROR)\b.*",  # the trial table
     r"first loop after .+", r"step \d+/\d+ .+", r"finished at step \d+", r"  [\w/]+ +-?[\d.]+",
     r"checkpoint: .+", r"MLflow run: \w+",
 ]))
