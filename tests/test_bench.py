@@ -3,6 +3,7 @@ table. This checks the scripts, not the figures (benchmarks are never timed test
 
 import json
 import math
+import re
 import sys
 
 import pytest
@@ -114,3 +115,20 @@ def test_process_cpu_counts_the_cpu_of_a_process_the_command_started():
     assert result.returncode == 0, result.stderr
     [row] = [line for line in result.stdout.splitlines() if "| -c import time; end" in line]
     assert 1.0 <= float(row.split("|")[1]) <= 1.5, result.stdout
+
+
+def test_process_cpu_counts_a_window_of_the_run_and_how_often_a_process_wakes():
+    """``--from``/``--for``: a grandchild that spins for half a second (before the window), then
+    works and sleeps 5 ms by turns (about 100 wakeups a second): only the second part is counted."""
+    work = ("import time; end = time.process_time() + 0.5\nwhile time.process_time() < end: pass\n"
+            "stop = time.time() + 3\nwhile time.time() < stop:\n"
+            "    t = time.process_time() + 0.005\n    while time.process_time() < t: pass\n    time.sleep(0.005)")
+    result = run_bounded([sys.executable, "-m", "bench.process_cpu", "--every", "0.1", "--from", "2", "--for", "1",
+                          "--", "bash", "-c", f"{sys.executable} -c '{work}'"], cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stderr
+    [row] = [line for line in result.stdout.splitlines() if "| -c import time; end" in line]
+    seconds, wakeups = float(row.split("|")[1]), float(row.split("|")[2])
+    assert 0.2 <= seconds <= 0.8, result.stdout  # half of a 1 s window; the spin before it would add 0.5 s
+    assert wakeups >= 50, result.stdout
+    window = float(re.search(r"CPU s in ([\d.]+) s;", result.stdout).group(1))
+    assert 1.0 <= window <= 1.5, result.stdout  # it stopped counting after --for, not at the command's end
