@@ -67,11 +67,11 @@ def watch(command: list[str], every: float, start: float = 0.0, length: float = 
     running = subprocess.Popen(command)
     began = time.time()
     opens, closes = began + start, began + start + length
-    opened, machine = None, 0.0  # when the window opened, and the machine's CPU seconds then
+    opened, machine_at_open = None, 0.0  # when the window opened, and the machine's CPU seconds then
     while True:
         done, now = running.poll() is not None, time.time()
         if opened is None and now >= opens:
-            opened, machine = now, machine_cpu_s()
+            opened, machine_at_open = now, machine_cpu_s()
         for process in psutil.process_iter():
             try:
                 key = (process.pid, process.create_time())
@@ -92,11 +92,12 @@ def watch(command: list[str], every: float, start: float = 0.0, length: float = 
             break
         time.sleep(every)
     wall = time.time() - opened if opened is not None else 0.0
-    machine = machine_cpu_s() - machine if opened is not None else 0.0
+    machine = machine_cpu_s() - machine_at_open if opened is not None else 0.0
     by_title: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
     for key, (seconds, count) in last.items():
-        if seconds - first[key][0] >= 0.05:
-            by_title[titles[key]].append((seconds - first[key][0], count - first[key][1]))
+        spent = (seconds - first[key][0], count - first[key][1])
+        if spent[0] >= 0.05:
+            by_title[titles[key]].append(spent)
     running.wait()
     return Watched({name: (len(spent), sum(s for s, _ in spent), sum(n for _, n in spent) / max(wall, 1e-9))
                     for name, spent in by_title.items()}, machine, wall, running.returncode)

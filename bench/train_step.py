@@ -219,7 +219,7 @@ def contenders(args, config) -> None:
     loop = rates["detsweep loop, no Ray, tcmalloc"]
     beside = rates["detsweep loop, no Ray, tcmalloc, an idle Ray cluster beside it"]
     ray_train = list(rates.values())[-1]
-    against_loop = median([ray.wall / loop.wall for loop, ray in paired_runs(args, args.windows, args.steps_per_loop)])
+    against_loop = median(pair_ratios(paired_runs(args, args.windows, args.steps_per_loop)))
     rows = [["contender", "images/s", "vs model.fit, plain python"]]
     rows += [[name, rate, rate / fit] for name, rate in rates.items()]
     record("train_step", Entry(
@@ -258,6 +258,11 @@ def paired_runs(args, windows: int, steps_per_loop: int) -> list[tuple[Rate, Rat
              run_contender("ray", {}, args, windows, steps_per_loop, repeat)) for repeat in range(args.repeats)]
 
 
+def pair_ratios(pairs: list[tuple[Rate, Rate]]) -> list[float]:
+    """Ray Train's wall-clock rate over the bare loop's, pair by pair."""
+    return [ray.wall / loop.wall for loop, ray in pairs]
+
+
 def loop_lengths(args) -> None:
     """Under Ray Train, wall-clock images/s against the worker's own compute-only images/s and
     against the bare loop, from short loops to long: a worker that waited for anything between
@@ -270,11 +275,11 @@ def loop_lengths(args) -> None:
     for steps_per_loop in (LOOP_LENGTHS if not args.smoke else (args.steps_per_loop,)):
         windows = max(4, steps // steps_per_loop)
         pairs = paired_runs(args, windows, steps_per_loop)
-        loops, rays = [loop for loop, _ in pairs], [ray for _, ray in pairs]
-        each = [ray.wall / loop.wall for loop, ray in pairs]
+        rays = [ray for _, ray in pairs]
+        each = pair_ratios(pairs)
         ratios[steps_per_loop] = median(each)
         compute = median([ray.compute for ray in rays])
-        rows.append([steps_per_loop, steps_per_loop * args.batch_size / compute, median([loop.wall for loop in loops]),
+        rows.append([steps_per_loop, steps_per_loop * args.batch_size / compute, median([loop.wall for loop, _ in pairs]),
                      median([ray.wall for ray in rays]), compute, ratios[steps_per_loop],
                      f"{min(each):.3f}-{max(each):.3f}", median([ray.wall / ray.compute for ray in rays])])
     targets = [Target(f"Ray Train vs the bare loop, {n} steps per loop (median of pairs)", ">= 0.95", ratio,
