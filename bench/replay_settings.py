@@ -12,7 +12,9 @@ scheduler and cadence, the one ``make demo`` runs.
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable, Iterator
 
 from .common import BENCH, REPO, Entry, Target, arguments, record
 
@@ -96,6 +98,7 @@ def main() -> None:
     rank_rows = [["metric", *[f"step {step}" for step in SIGNAL_STEPS]]]
     for metric in SIGNAL_METRICS:
         rank_rows.append([metric, *[ranks.get(metric, {}).get(step, "-") for step in SIGNAL_STEPS]])
+    bound_rows = halving_bound_rows(curves, signal, samples)
     record("replay_settings", Entry(
         title="Scheduler settings replayed on recorded curves (bench/replay_settings.py)",
         settings={"curves": _shown(args.curves), "recorded": _recorded(args.curves), "sweep": "bench/curves_sweep.yaml",
@@ -112,8 +115,35 @@ def main() -> None:
                "trials (negative for a loss: lower loss, higher AP):", _table(signal_rows),
                f"Where the best recorded configuration ranks among all {len(curves.configs)} at each step (1: first; "
                "a loss ranks lowest first). A rung keeps it only where it ranks within the share the rung keeps:",
-               _table(rank_rows)],
+               _table(rank_rows),
+               f"The most any synchronous successive halving (one or two rungs, the cheapest early stopping by rank) "
+               f"within 33 % of FIFO's steps could keep the best recorded configuration to the end, in sweeps of "
+               f"{samples} that contain it: for each metric, the likelihood, the rungs (step: trials kept) and the "
+               "rank correlation there; with rungs anywhere, with none before step 40, and only where the metric's "
+               "rank correlation with the final eval/AP_best is at least 0.5 (a rung that ranks signal):",
+               _table(bound_rows)],
     ), args.out)
+
+
+def halving_bound_rows(curves, signal: dict[str, dict[int, float | None]], samples: int) -> list[list]:
+    """``best_halving`` within 33 %: with rungs anywhere, with none before step 40 (at step 20 no
+    metric ranks configurations: rank correlation 0.07-0.25 on the recording), and with rungs
+    only where the metric ranks signal."""
+    def shown(kept: float, rungs: Rungs | None, metric: str) -> str:
+        if rungs is None:
+            return "no rung within 33 %"
+        where = ", ".join(f"{step}: {trials}" for step, trials in rungs)
+        correlations = ", ".join("-" if signal[metric].get(step) is None else f"{signal[metric][step]:.2f}"
+                                 for step, _ in rungs)
+        return f"{kept:.2f} ({where}; rank correlation {correlations})"
+
+    def ranks_signal(metric: str, step: int) -> bool:
+        return abs(signal[metric].get(step) or 0) >= 0.5
+
+    bounds = [best_halving(curves, "eval/AP_best", SIGNAL_METRICS, samples, 1 / 3, allowed)
+              for allowed in (lambda metric, step: True, lambda metric, step: step >= 40, ranks_signal)]
+    return [["metric", "rungs anywhere", "rungs from step 40", "rungs that rank signal"],
+            *[[metric, *[shown(*bound[metric], metric) for bound in bounds]] for metric in bounds[0]]]
 
 
 def winner_ranks(curves, objective: str) -> dict[str, dict[int, int]]:
@@ -128,6 +158,58 @@ def winner_ranks(curves, objective: str) -> dict[str, dict[int, int]]:
             order = sorted(range(len(values)), key=lambda index: sign * values[index])  # ties: by trial
             ranks.setdefault(metric, {})[step] = order.index(winner) + 1
     return ranks
+
+
+Rungs = tuple[tuple[int, int], ...]  # (step, how many of the sweep's trials go on past it)
+
+
+def halving_schedules(steps: list[int], trials: int, last: int, budget: float) -> Iterator[Rungs]:
+    """Every synchronous successive halving of ``trials`` trials of ``last`` steps with one or
+    two rungs at ``steps`` that spends at most ``budget`` training steps. For given rungs it
+    spends the least: ASHA lets more trials past them, HyperBand adds brackets that start later."""
+    for first in steps:
+        for kept in range(1, trials):
+            candidates = [((first, kept),), *(((first, kept), (second, further))
+                                              for second in steps if second > first for further in range(1, kept))]
+            yield from (rungs for rungs in candidates if spent(rungs, trials, last) <= budget)
+
+
+def spent(rungs: Rungs, trials: int, last: int) -> int:
+    """Training steps a synchronous halving with ``rungs`` spends on ``trials`` trials."""
+    ends = [step for step, _ in rungs[1:]] + [last]
+    return trials * rungs[0][0] + sum(kept * (end - step) for (step, kept), end in zip(rungs, ends))
+
+
+def best_halving(curves, objective: str, metrics: tuple[str, ...], samples: int, share: float,
+                 rung_allowed: Callable[[str, int], bool], draws: int = 1000,
+                 seed: int = 0) -> dict[str, tuple[float, Rungs | None]]:
+    """For each of ``metrics`` recorded: the synchronous halving within ``share`` of FIFO's steps, with rungs
+    only where ``rung_allowed(metric, step)``, most likely to keep the best recorded
+    configuration (by its final ``objective``) to the end, and that likelihood over ``draws``
+    sweeps of ``samples`` configurations that contain it (the rest drawn at random). A trial
+    that trains to the end is ranked by its final objective, so one the halving keeps is returned."""
+    finals = [curves.final(index, objective) for index in range(len(curves.configs))]
+    winner = max(range(len(finals)), key=finals.__getitem__)
+    others = [index for index in range(len(finals)) if index != winner]
+    sweeps = [[winner, *random.Random(seed + draw).sample(others, samples - 1)] for draw in range(draws)]
+    last = max(int(report["step"]) for report in curves.reports[winner])
+    best: dict[str, tuple[float, Rungs | None]] = {}
+    recorded = curves.at_common_steps()
+    for metric in (metric for metric in metrics if metric in recorded):
+        at, sign = recorded[metric], 1 if metric.endswith("loss") else -1
+        steps = [step for step in at if step < last and rung_allowed(metric, step)]
+        best[metric] = (0.0, None)
+        for rungs in halving_schedules(steps, samples, last, share * samples * last):
+            kept = sum(winner in _survivors(sweep, rungs, at, sign) for sweep in sweeps) / draws
+            if kept > best[metric][0]:
+                best[metric] = (kept, rungs)
+    return best
+
+
+def _survivors(trials: list[int], rungs: Rungs, at: dict[int, list[float]], sign: int) -> list[int]:
+    for step, kept in rungs:
+        trials = sorted(trials, key=lambda index: sign * at[step][index])[:kept]
+    return trials
 
 
 def _shown(path: str) -> str:

@@ -55,9 +55,15 @@ def replay_settings(results: dict) -> None:
     # it replayed the shipped quickstart's scheduler on the recorded curves (bench/curves.json)
     assert [row[0] for row in results["replay_settings"]["rows"][1:]] == ["FIFO", "quickstart (sweeps/quickstart.yaml)"]
     notes = results["replay_settings"]["notes"]
-    assert "| eval/loss |" in notes[2] and "| eval/loss |" in notes[-1]  # the early-signal and the ranks tables
+    assert "| eval/loss |" in notes[2] and "| eval/loss |" in notes[4]  # the early-signal and the ranks tables
     # the best recorded configuration is first by its own objective at the last step
-    assert notes[-1].splitlines()[2].startswith("| eval/AP_best |") and notes[-1].splitlines()[2].endswith("| 1 |")
+    assert notes[4].splitlines()[2].startswith("| eval/AP_best |") and notes[4].splitlines()[2].endswith("| 1 |")
+    # the halving bound: a row per metric, a likelihood or "no rung" in each column
+    bound = notes[-1].splitlines()
+    assert bound[0] == "| metric | rungs anywhere | rungs from step 40 | rungs that rank signal |"
+    assert bound[2].startswith("| eval/AP_best |")
+    cells = [cell.strip() for cell in bound[2].strip("| ").split("|")][1:]
+    assert len(cells) == 3 and all(re.fullmatch(r"[01]\.\d\d \(.+\)|no rung within 33 %", cell) for cell in cells), bound
 
 
 def startup(results: dict) -> None:
@@ -132,3 +138,23 @@ def test_process_cpu_counts_a_window_of_the_run_and_how_often_a_process_wakes():
     assert wakeups >= 50, result.stdout
     window = float(re.search(r"CPU s in ([\d.]+) s;", result.stdout).group(1))
     assert 1.0 <= window <= 1.5, result.stdout  # it stopped counting after --for, not at the command's end
+
+
+def test_the_halving_bound_finds_the_cheapest_rungs_that_keep_the_best_configuration_by_hand():
+    """Four hand-made curves of 60 steps: the best configuration (final AP 0.9) ranks last at
+    step 20 and first at step 40. A rung at step 40 keeping 1 costs 4×40 + 1×20 = 180 steps
+    (75 % of FIFO's 240): it keeps the winner. Within 50 % (120 steps) no halving fits but
+    rungs at step 20 alone, and none of them keeps it."""
+    from bench.replay_settings import best_halving, spent
+    from detsweep.sweeps.replay import Curves
+
+    at = {20: [0.1, 0.5, 0.4, 0.3], 40: [0.9, 0.2, 0.3, 0.1], 60: [0.9, 0.5, 0.4, 0.3]}
+    curves = Curves(["a"], [{"a": index} for index in range(4)],
+                    [[{"step": step, "eval/AP_best": values[index]} for step, values in at.items()] for index in range(4)])
+    anywhere = lambda metric, step: True  # noqa: E731
+    assert spent(((20, 2), (40, 1)), 4, 60) == 4 * 20 + 2 * 20 + 1 * 20
+    assert best_halving(curves, "eval/AP_best", ("eval/AP_best",), 4, 0.75, anywhere, draws=3) == \
+        {"eval/AP_best": (1.0, ((40, 1),))}
+    assert best_halving(curves, "eval/AP_best", ("eval/AP_best",), 4, 0.5, anywhere, draws=3) == {"eval/AP_best": (0.0, None)}
+    not_at_40 = lambda metric, step: step != 40  # noqa: E731
+    assert best_halving(curves, "eval/AP_best", ("eval/AP_best",), 4, 0.75, not_at_40, draws=3) == {"eval/AP_best": (0.0, None)}
