@@ -119,8 +119,10 @@ def main() -> None:
                f"The most any synchronous successive halving (one or two rungs, the cheapest early stopping by rank) "
                f"within 33 % of FIFO's steps could keep the best recorded configuration to the end, in sweeps of "
                f"{samples} that contain it: for each metric, the likelihood, the rungs (step: trials kept) and the "
-               "rank correlation there; with rungs anywhere, with none before step 40, and only where the metric's "
-               "rank correlation with the final eval/AP_best is at least 0.5 (a rung that ranks signal):",
+               "rank correlation there (of the halvings that keep it most often, the cheapest); with rungs anywhere, "
+               "with none before step 40, and only where the metric's rank correlation with the final eval/AP_best "
+               "is at least 0.5, or at most -0.5 for a loss (a rung that ranks signal). An upper bound, and an "
+               "in-sample one: the halving is chosen for the one configuration it is judged on.",
                _table(bound_rows)],
     ), args.out)
 
@@ -131,16 +133,17 @@ def halving_bound_rows(curves, signal: dict[str, dict[int, float | None]], sampl
     only where the metric ranks signal."""
     def shown(kept: float, rungs: Rungs | None, metric: str) -> str:
         if rungs is None:
-            return "no rung within 33 %"
+            return "no halving within 33 %"
         where = ", ".join(f"{step}: {trials}" for step, trials in rungs)
         correlations = ", ".join("-" if signal[metric].get(step) is None else f"{signal[metric][step]:.2f}"
                                  for step, _ in rungs)
         return f"{kept:.2f} ({where}; rank correlation {correlations})"
 
-    def ranks_signal(metric: str, step: int) -> bool:
-        return abs(signal[metric].get(step) or 0) >= 0.5
+    def ranks_signal(metric: str, step: int) -> bool:  # a loss ranks well where it falls as AP rises
+        correlation = signal[metric].get(step) or 0
+        return (-correlation if metric.endswith("loss") else correlation) >= 0.5
 
-    bounds = [best_halving(curves, "eval/AP_best", SIGNAL_METRICS, samples, 1 / 3, allowed)
+    bounds = [best_halving(curves, "eval/AP_best", "max", SIGNAL_METRICS, samples, 0.33, allowed)
               for allowed in (lambda metric, step: True, lambda metric, step: step >= 40, ranks_signal)]
     return [["metric", "rungs anywhere", "rungs from step 40", "rungs that rank signal"],
             *[[metric, *[shown(*bound[metric], metric) for bound in bounds]] for metric in bounds[0]]]
@@ -180,30 +183,38 @@ def spent(rungs: Rungs, trials: int, last: int) -> int:
     return trials * rungs[0][0] + sum(kept * (end - step) for (step, kept), end in zip(rungs, ends))
 
 
-def best_halving(curves, objective: str, metrics: tuple[str, ...], samples: int, share: float,
+def best_halving(curves, objective: str, mode: str, metrics: tuple[str, ...], samples: int, share: float,
                  rung_allowed: Callable[[str, int], bool], draws: int = 1000,
                  seed: int = 0) -> dict[str, tuple[float, Rungs | None]]:
-    """For each of ``metrics`` recorded: the synchronous halving within ``share`` of FIFO's steps, with rungs
-    only where ``rung_allowed(metric, step)``, most likely to keep the best recorded
-    configuration (by its final ``objective``) to the end, and that likelihood over ``draws``
-    sweeps of ``samples`` configurations that contain it (the rest drawn at random). A trial
-    that trains to the end is ranked by its final objective, so one the halving keeps is returned."""
+    """For each of ``metrics`` recorded: the synchronous halving within ``share`` of FIFO's
+    steps, with rungs only where ``rung_allowed(metric, step)``, most likely to keep the best
+    recorded configuration (by its final ``objective``) to the end (the cheapest such), and
+    that likelihood over ``draws`` sweeps of ``samples`` configurations that contain it, the
+    rest drawn at random; none where no halving fits. A trial that trains to the end is
+    ranked by its final objective, so one the halving keeps is the one the sweep returns."""
     finals = [curves.final(index, objective) for index in range(len(curves.configs))]
-    winner = max(range(len(finals)), key=finals.__getitem__)
+    winner = (max if mode == "max" else min)(range(len(finals)), key=finals.__getitem__)
     others = [index for index in range(len(finals)) if index != winner]
-    sweeps = [[winner, *random.Random(seed + draw).sample(others, samples - 1)] for draw in range(draws)]
+    samples = min(samples, len(finals))
+    sweeps = [_draw(random.Random(seed + draw), winner, others, samples) for draw in range(draws)]
     last = max(int(report["step"]) for report in curves.reports[winner])
-    best: dict[str, tuple[float, Rungs | None]] = {}
     recorded = curves.at_common_steps()
+    best: dict[str, tuple[float, Rungs | None]] = {}
     for metric in (metric for metric in metrics if metric in recorded):
         at, sign = recorded[metric], 1 if metric.endswith("loss") else -1
         steps = [step for step in at if step < last and rung_allowed(metric, step)]
-        best[metric] = (0.0, None)
-        for rungs in halving_schedules(steps, samples, last, share * samples * last):
-            kept = sum(winner in _survivors(sweep, rungs, at, sign) for sweep in sweeps) / draws
-            if kept > best[metric][0]:
-                best[metric] = (kept, rungs)
+        scored = [(sum(winner in _survivors(sweep, rungs, at, sign) for sweep in sweeps) / draws, rungs)
+                  for rungs in halving_schedules(steps, samples, last, share * samples * last)]
+        best[metric] = max(scored, key=lambda pair: (pair[0], -spent(pair[1], samples, last)), default=(0.0, None))
     return best
+
+
+def _draw(rng: random.Random, winner: int, others: list[int], samples: int) -> list[int]:
+    """A sweep of ``samples`` that holds ``winner`` at a random place: a tie at a rung goes
+    to whichever was drawn first, so neither to the winner nor against it."""
+    sweep = rng.sample(others, samples - 1)
+    sweep.insert(rng.randrange(samples), winner)
+    return sweep
 
 
 def _survivors(trials: list[int], rungs: Rungs, at: dict[int, list[float]], sign: int) -> list[int]:
