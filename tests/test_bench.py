@@ -137,7 +137,9 @@ def test_process_cpu_counts_a_window_of_the_run_and_how_often_a_process_wakes():
     assert 0.2 <= seconds <= 0.8, result.stdout  # half of a 1 s window; the spin before it would add 0.5 s
     assert wakeups >= 50, result.stdout
     window = float(re.search(r"CPU s in ([\d.]+) s;", result.stdout).group(1))
-    assert 1.0 <= window <= 1.5, result.stdout  # it stopped counting after --for, not at the command's end
+    # it stopped counting after --for, not at the command's end (1.5 s later); the window opens
+    # at the first sample past --from, up to one --every late on a loaded machine
+    assert 0.9 <= window <= 1.5, result.stdout
 
 
 def test_the_halving_bound_finds_the_cheapest_rungs_that_keep_the_best_configuration_by_hand():
