@@ -141,7 +141,7 @@ def halving_bound_rows(curves, signal: dict[str, dict[int, float | None]], sampl
 
     def ranks_signal(metric: str, step: int) -> bool:  # a loss ranks well where it falls as AP rises
         correlation = signal[metric].get(step) or 0
-        return (-correlation if metric.endswith("loss") else correlation) >= 0.5
+        return -lowest_first(metric) * correlation >= 0.5
 
     bounds = [best_halving(curves, "eval/AP_best", "max", SIGNAL_METRICS, samples, 0.33, allowed)
               for allowed in (lambda metric, step: True, lambda metric, step: step >= 40, ranks_signal)]
@@ -152,11 +152,10 @@ def halving_bound_rows(curves, signal: dict[str, dict[int, float | None]], sampl
 def winner_ranks(curves, objective: str) -> dict[str, dict[int, int]]:
     """For each metric at each step every trial reported it: the rank (1 = first) of the trial
     whose final ``objective`` is best, among all recorded, losses ranked lowest first."""
-    finals = [curves.final(index, objective) for index in range(len(curves.configs))]
-    winner = max(range(len(finals)), key=finals.__getitem__)
+    winner = best_recorded(curves, objective, "max")
     ranks: dict[str, dict[int, int]] = {}
     for metric, steps in curves.at_common_steps().items():
-        sign = 1 if metric.endswith("loss") else -1
+        sign = lowest_first(metric)
         for step, values in steps.items():
             order = sorted(range(len(values)), key=lambda index: sign * values[index])  # ties: by trial
             ranks.setdefault(metric, {})[step] = order.index(winner) + 1
@@ -192,21 +191,31 @@ def best_halving(curves, objective: str, mode: str, metrics: tuple[str, ...], sa
     that likelihood over ``draws`` sweeps of ``samples`` configurations that contain it, the
     rest drawn at random; none where no halving fits. A trial that trains to the end is
     ranked by its final objective, so one the halving keeps is the one the sweep returns."""
-    finals = [curves.final(index, objective) for index in range(len(curves.configs))]
-    winner = (max if mode == "max" else min)(range(len(finals)), key=finals.__getitem__)
-    others = [index for index in range(len(finals)) if index != winner]
-    samples = min(samples, len(finals))
+    winner = best_recorded(curves, objective, mode)
+    others = [index for index in range(len(curves.configs)) if index != winner]
+    samples = min(samples, len(curves.configs))
     sweeps = [_draw(random.Random(seed + draw), winner, others, samples) for draw in range(draws)]
     last = max(int(report["step"]) for report in curves.reports[winner])
     recorded = curves.at_common_steps()
     best: dict[str, tuple[float, Rungs | None]] = {}
     for metric in (metric for metric in metrics if metric in recorded):
-        at, sign = recorded[metric], 1 if metric.endswith("loss") else -1
+        at, sign = recorded[metric], lowest_first(metric)
         steps = [step for step in at if step < last and rung_allowed(metric, step)]
         scored = [(sum(winner in _survivors(sweep, rungs, at, sign) for sweep in sweeps) / draws, rungs)
                   for rungs in halving_schedules(steps, samples, last, share * samples * last)]
         best[metric] = max(scored, key=lambda pair: (pair[0], -spent(pair[1], samples, last)), default=(0.0, None))
     return best
+
+
+def best_recorded(curves, objective: str, mode: str) -> int:
+    """The recorded trial whose final ``objective`` is best."""
+    finals = [curves.final(index, objective) for index in range(len(curves.configs))]
+    return (max if mode == "max" else min)(range(len(finals)), key=finals.__getitem__)
+
+
+def lowest_first(metric: str) -> int:
+    """1 where a metric ranks lowest first (a loss), -1 where highest first: a sort key's sign."""
+    return 1 if metric.endswith("loss") else -1
 
 
 def _draw(rng: random.Random, winner: int, others: list[int], samples: int) -> list[int]:
