@@ -1,12 +1,13 @@
 """Early stopping pays: the same sampled configurations of ``sweeps/quickstart.yaml`` run with
-FIFO (every trial to the full budget) and with the sweep's ASHA; training steps spent and the
-best AP found by each.
+FIFO (every trial to the full budget) and with the sweep's own scheduler; training steps spent
+and the best AP found by each.
 
     .venv/bin/python -m bench.early_stopping [--smoke] [--samples 16] [--set path=value ...]
 
 Both sweeps use the quickstart's seeded random search, so they draw the same configurations
 (checked); the time budget is lifted so that only the scheduler stops trials. On 2 cores
 the full run takes about 1.5 hours; ``--set base.train.num_steps=…`` runs a shorter one.
+``--smoke`` runs one trial of 4 steps, evaluated every 2, ranked at step 2.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from statistics import median
 from .common import REPO, Entry, Target, arguments, record
 
 SWEEP = REPO / "sweeps" / "quickstart.yaml"
+NAMES = {"asha": "ASHA", "halving": "synchronous halving", "hyperband": "HyperBand", "pbt": "PBT"}
 SMOKE = ["base.train.num_steps=4", "base.train.steps_per_loop=2", "base.train.eval_every=2",
          "base.train.checkpoint_every=2", "base.data.train.num_images=16", "base.data.val.num_images=8",
          "search.scheduler.grace_period=2", "base.optimizer.learning_rate.total_steps=4",
@@ -35,13 +37,15 @@ def run_sweep(scheduler: str, samples: int, overrides: list[str], folder: Path) 
     return launch(sweep, register=False)
 
 
-def asha_settings(overrides: list[str]) -> dict:
-    """What decides how early ASHA can stop a trial: its rungs and how often trials evaluate."""
+def scheduler_settings(overrides: list[str]) -> dict:
+    """The sweep's scheduler, and what decides how early it can stop a trial: its rungs and how
+    often trials evaluate."""
     from detsweep.sweeps import load_sweep
 
     sweep = load_sweep(SWEEP, overrides)
-    return {"grace_period": sweep.search.scheduler.grace_period,
-            "reduction_factor": sweep.search.scheduler.reduction_factor,
+    scheduler = sweep.search.scheduler
+    return {"scheduler": scheduler.type, "grace_period": scheduler.grace_period,
+            "reduction_factor": scheduler.reduction_factor, "decides_on": sweep.search.decided_by[0],
             "eval_every": sweep.base.train.eval_every, "num_steps": sweep.base.train.num_steps}
 
 
@@ -58,14 +62,14 @@ def configurations(report: dict) -> list[tuple]:
     return sorted(configuration(trial) for trial in report["trials"])
 
 
-def repeat_gaps(fifo: dict, asha: dict, metric: str, num_steps: int) -> list[float]:
+def repeat_gaps(fifo: dict, other: dict, metric: str, num_steps: int) -> list[float]:
     """For each configuration both sweeps trained to ``num_steps``: how far apart its two final
     ``metric`` values are. The same configuration trained twice, so this is run-to-run noise."""
     def finals(report: dict) -> dict[tuple, float]:
         return {configuration(trial): trial["metrics"][metric] for trial in report["trials"]
                 if trial["metrics"].get("step") == num_steps and metric in trial["metrics"]}
 
-    theirs = finals(asha)
+    theirs = finals(other)
     return sorted(abs(value - theirs[config]) for config, value in finals(fifo).items() if config in theirs)
 
 
@@ -82,27 +86,29 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     samples, overrides = (1, SMOKE + args.overrides) if args.smoke else (args.samples, args.overrides)
+    settings = scheduler_settings(overrides)
+    name = NAMES[settings["scheduler"]]
     with tempfile.TemporaryDirectory() as folder:
         fifo = run_sweep("fifo", samples, overrides, Path(folder))
-        asha = run_sweep("asha", samples, overrides, Path(folder))
+        stopping = run_sweep(settings["scheduler"], samples, overrides, Path(folder))
     metric = fifo["metric"]
-    best = {name: report["best"]["metrics"][metric] for name, report in (("FIFO", fifo), ("ASHA", asha))}
-    steps = {"FIFO": steps_spent(fifo), "ASHA": steps_spent(asha)}
-    same = configurations(fifo) == configurations(asha)
-    stopped = sum(trial["metrics"].get("step", 0) < fifo["trials"][0]["metrics"].get("step", 0) for trial in asha["trials"])
+    best = {"FIFO": fifo["best"]["metrics"][metric], name: stopping["best"]["metrics"][metric]}
+    steps = {"FIFO": steps_spent(fifo), name: steps_spent(stopping)}
+    same = configurations(fifo) == configurations(stopping)
+    full = settings["num_steps"]
+    stopped = sum(trial["metrics"].get("step", 0) < full for trial in stopping["trials"])
     rows = [["scheduler", "trials", "training steps", f"best {metric}", "trials stopped early"],
             ["FIFO (full budget)", len(fifo["trials"]), steps["FIFO"], best["FIFO"], 0],
-            ["ASHA", len(asha["trials"]), steps["ASHA"], best["ASHA"], stopped]]
-    share, gap = steps["ASHA"] / steps["FIFO"], best["FIFO"] - best["ASHA"]
-    settings = asha_settings(overrides)
-    gaps = repeat_gaps(fifo, asha, metric, settings["num_steps"])
+            [name, len(stopping["trials"]), steps[name], best[name], stopped]]
+    share, gap = steps[name] / steps["FIFO"], best["FIFO"] - best[name]
+    gaps = repeat_gaps(fifo, stopping, metric, full)
     record("early_stopping", Entry(
-        title="Early stopping: FIFO vs ASHA on the same configurations (bench/early_stopping.py)",
+        title=f"Early stopping: FIFO vs the quickstart's {name} on the same configurations (bench/early_stopping.py)",
         settings={"sweep": "sweeps/quickstart.yaml", "samples": samples, "overrides": overrides,
                   **settings},
         rows=rows,
-        targets=[Target("ASHA's steps / FIFO's", "<= 40%", share, share <= 0.4),
-                 Target(f"FIFO's best {metric} - ASHA's", "<= 0.02", gap, gap <= 0.02)],
+        targets=[Target(f"{name}'s steps / FIFO's", "<= 33%", share, share <= 0.33),
+                 Target(f"FIFO's best {metric} - {name}'s", "<= 0.02", gap, gap <= 0.02)],
         notes=["Both sweeps drew the same configurations." if same else
                "**The two sweeps drew different configurations**: compare with care.",
                noise_note(gaps, metric, settings["num_steps"])],

@@ -47,7 +47,7 @@ def test_the_benchmark_runs_and_records_its_table(benchmark, tmp_path):
 
 
 def early_stopping(results: dict) -> None:
-    # it launched the seeded random quickstart sweep twice (FIFO, ASHA): the same draws
+    # it launched the seeded random quickstart sweep twice (FIFO, its own scheduler): the same draws
     assert results["early_stopping"]["notes"][0] == "Both sweeps drew the same configurations.", results
 
 

@@ -220,7 +220,27 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
     assert run["nearest"] == 4  # BOHB draws rates of its own: each replays the nearest recorded one
     from detsweep.sweeps.commands import format_replay  # what the command prints without --json
 
-    assert f"note: trials went on from a checkpoint {run['resumed']} time(s) after HyperBand paused them" in format_replay(report)
+    assert f"note: trials went on from a checkpoint {run['resumed']} time(s) after the scheduler paused them at a rung" in format_replay(report)
+
+
+def test_halving_replay_ranks_every_trial_at_its_rung_before_any_goes_on_and_spends_what_a_hand_count_gives(
+        write, tmp_path):
+    """Synchronous halving on the loss, one trial at a time in grid order, its only rung at step
+    20 (factor 3: the next, 60, lies past the budget of 40). All 4 pause there; ranked on the
+    loss, 0.01 and 0.02 (ceil(4 / 3) = 2) go on from their checkpoints to step 40, 0.08 and 0.04
+    stop: 4 x 20 + 2 x 20 = 120 of FIFO's 160 steps. The sweep returns 0.02's AP 0.6, the best
+    recorded (regret 0), although 0.02 had the worst AP but one at step 20."""
+    sweep = sweep_with(write, tmp_path, f"""
+  algorithm: grid
+  num_samples: 1
+  scheduler: {{type: halving, grace_period: 20, reduction_factor: 3, metric: train/loss, mode: min}}
+  space:
+    {LR}: {{grid: [0.01, 0.02, 0.08, 0.04]}}
+""", checkpoint_every=10)
+    report = replayed(write, sweep)
+    [run] = report["runs"]
+    assert run["trials"] == 4 and run["resumed"] == 2 and run["reported_twice"] == 0, run
+    assert (run["steps"], run["fifo_steps"], run["returned"], run["regret"]) == (120, 160, 0.6, 0), run
 
 
 def test_bohbs_model_learns_from_the_results_hyperband_ranks(local_ray, write, tmp_path):

@@ -160,6 +160,17 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
     ("  algorithm: bohb\n  scheduler: {type: hyperband, metric: train/loss, mode: min}\n", [],
      "search.scheduler.metric: found 'train/loss' (reported every 20 steps), expected a metric reported with "
      "search.metric 'eval/AP_best' (every 200): HyperBand ranks trials where Tune hears them"),
+    ("  algorithm: optuna\n  scheduler: {type: halving}\n", [],
+     "search.algorithm: found 'optuna', expected random or grid with scheduler halving"),
+    ("  scheduler: {type: halving, grace_period: 600}\n", [],
+     "search.scheduler.grace_period: found 600, expected fewer steps than the trials' budget (600): halving would "
+     "rank no trial before its end"),
+    ("  scheduler: {type: halving, grace_period: 200, reduction_factor: 1.5}\n", [],
+     "search.scheduler.reduction_factor: found 1.5, expected at least 2: a rung 1.5 times step 200 must fall on a "
+     "later report of eval/AP_best (every 200 steps)"),
+    ("  scheduler: {type: halving, grace_period: 200}\n", ["base.train.checkpoint_every=600"],
+     "base.train.checkpoint_every: found 600, expected 200 (as base.train.eval_every): halving pauses trials where "
+     "they report eval/AP_best"),
     ("  scheduler: {type: asha, grace_period: 100, metric: eval/los, mode: min}\n", [],
      "search.scheduler.metric: found 'eval/los', expected a metric training reports: "),
     ("  scheduler: {type: asha, grace_period: 100, metric: train/loss}\n", [],
@@ -183,6 +194,35 @@ def test_schedulers_that_can_act_are_accepted(write):
     pbt = load_sweep(sweep_file(write, "  scheduler:\n    type: pbt\n    perturbation_interval: 200\n" + MUTATIONS))
     loss = load_sweep(sweep_file(write, "  metric: train/loss\n  mode: min\n  scheduler: {type: asha, grace_period: 20}\n"))
     assert (asha.search.scheduler.type, pbt.search.scheduler.type, loss.search.metric) == ("asha", "pbt", "train/loss")
+
+
+def test_halving_builds_one_bracket_of_every_trial_with_its_rungs_at_reports_of_the_objective(write):
+    """The demo's recording in numbers: 300 steps evaluated every 20 (15 reports), a first rung
+    at step 40 (2 reports) and a factor of 3: rungs at 2 and 6 reports, so a bracket of two
+    halvings, holding all 16 trials. The random generator lets paused trials go uncounted."""
+    from detsweep.sweeps.tuner import SuccessiveHalving, scheduler, searcher
+
+    path = sweep_file(write, "  num_samples: 16\n  scheduler: {type: halving, grace_period: 40, reduction_factor: 3}\n")
+    sweep = load_sweep(path, ["base.train.num_steps=300", "base.train.eval_every=20", "base.train.checkpoint_every=20"])
+    halving, draws = scheduler(sweep, 2), searcher(sweep, 2)
+    assert isinstance(halving, SuccessiveHalving) and (halving._max_t_attr, halving._s_max_1, halving.every) == (15, 3, 20)
+    bracket = halving._create_bracket(halving._s_max_1 - 1)
+    assert (bracket._n0, bracket._r0, bracket._halves) == (16, 2, 2)
+    draws._live_trials.update({"a", "b"})
+    draws.searcher.on_pause("a")
+    assert draws._live_trials == {"b"} and draws.max_concurrent == 2
+
+
+def test_a_halving_sweep_is_refused_by_resume_in_one_line_before_ray_starts(write, tmp_path):
+    """Tune restores no scheduler state, and HyperBand's brackets fail on trials they did not
+    add (ray-project/ray#39900): the sweep folder's own file says halving, so resume says no."""
+    folder = tmp_path / "halving-sweep"
+    folder.mkdir()
+    (folder / "sweep.yaml").write_text(f"name: s\n{BASE}search:\n  scheduler: {{type: halving, grace_period: 200}}\n")
+    result = run_cli("resume", str(folder), cwd=tmp_path)
+    assert (result.returncode, result.stderr.strip()) == (2, (
+        f"detsweep: error: {folder}: search.scheduler.type: found 'halving', expected another to resume: Tune cannot "
+        "restore its bracket; launch the sweep again"))
 
 
 def test_bohb_with_hyperband_builds_tunes_objects_and_is_refused_in_one_line_where_it_is_not_installed(write):

@@ -162,7 +162,7 @@ def format_replay(report: dict[str, Any]) -> str:
         lines.append(f"note: {nearest} drawn configuration(s) were not recorded and replayed the nearest recorded one")
     resumed = sum(run.get("resumed", 0) for run in report["runs"])
     if resumed:
-        lines.append(f"note: trials went on from a checkpoint {resumed} time(s) after HyperBand paused them")
+        lines.append(f"note: trials went on from a checkpoint {resumed} time(s) after the scheduler paused them at a rung")
     late = sum(run.get("out_of_order", 0) for run in report["runs"])
     if late:
         lines.append(f"note: {late} report(s) waited past the replay's patience and may have come out of step order")

@@ -35,16 +35,17 @@ from .space import Parameter, grid_points
 
 
 class SchedulerSpec(Section):
-    type: Literal["fifo", "asha", "pbt", "hyperband"] = "fifo"
-    grace_period: int = Field(100, gt=0, description="ASHA: training steps before a trial can be stopped")
-    reduction_factor: float = Field(3.0, gt=1, description="ASHA, HyperBand: 1 of this many goes on at each rung")
-    max_t: int | None = Field(None, gt=0, description="ASHA, HyperBand: steps of the longest trial "
+    type: Literal["fifo", "asha", "pbt", "hyperband", "halving"] = "fifo"
+    grace_period: int = Field(100, gt=0, description="ASHA, halving: training steps before a trial can be stopped "
+                                                     "(halving: its first rung)")
+    reduction_factor: float = Field(3.0, gt=1, description="ASHA, HyperBand, halving: 1 of this many goes on at each rung")
+    max_t: int | None = Field(None, gt=0, description="ASHA, HyperBand, halving: steps of the longest trial "
                                                       "(default base.train.num_steps)")
     perturbation_interval: int = Field(100, gt=0, description="PBT: training steps between exploit/explore")
     quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="PBT: the bottom fraction copies the top one")
     synch: bool = Field(False, description="PBT: trials wait for each other at every perturbation (Ray Tune's synch)")
     mutations: dict[str, Parameter] = Field(default_factory=dict, description="PBT: dotted path → values or a distribution")
-    metric: str | None = Field(None, description="ASHA, PBT, HyperBand: what the scheduler decides on, if not search.metric "
+    metric: str | None = Field(None, description="ASHA, PBT, HyperBand, halving: what the scheduler decides on, if not search.metric "
                                                  "(the best trial is still chosen by search.metric)")
     mode: Literal["max", "min"] | None = Field(None, description="with metric: whether more is better")
 
@@ -82,6 +83,9 @@ class SearchSpec(Section):
                 raise invalid(f"space.{path}.distribution", "normal", f"a bounded distribution with algorithm {self.algorithm}")
         if self.algorithm == "optuna" and self.scheduler.type == "pbt":
             raise invalid("algorithm", self.algorithm, "random or grid with scheduler pbt (PBT chooses the next configurations itself)")
+        if self.algorithm == "optuna" and self.scheduler.type == "halving":  # its limiter counts paused trials as running
+            raise invalid("algorithm", self.algorithm, "random or grid with scheduler halving (it pauses every trial at "
+                                                       "a rung until all have reached it)")
         if self.algorithm == "grid" and not has_grid:
             raise invalid("algorithm", self.algorithm, "a space with at least one grid parameter")
         scheduler = self.scheduler
@@ -262,21 +266,33 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
             raise DetsweepError(f"{path}: base.train.checkpoint_every: found 0, expected checkpoints for PBT to copy")
         _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, metric, "PBT's first perturbation",
                                    path)
-    if scheduler.type == "hyperband":
+    if scheduler.type == "halving":
+        limit = min(scheduler.max_t or steps, steps)
+        if scheduler.grace_period >= limit:
+            raise DetsweepError(f"{path}: search.scheduler.grace_period: found {scheduler.grace_period}, expected fewer "
+                                f"steps than the trials' budget ({limit}): halving would rank no trial before its end")
+        _check_seen_before_the_end(scheduler.grace_period, every, steps, metric, "the first rung", path)
+        first = -(-scheduler.grace_period // every)  # in reports, as the scheduler counts (see sweeps.tuner)
+        if int(first * scheduler.reduction_factor) <= first:
+            raise DetsweepError(f"{path}: search.scheduler.reduction_factor: found {scheduler.reduction_factor}, expected "
+                                f"at least {(first + 1) / first:g}: a rung {scheduler.reduction_factor:g} times step "
+                                f"{first * every} must fall on a later report of {metric} (every {every} steps)")
+    if scheduler.type in ("hyperband", "halving"):
         field = "base.train.eval_every" if metric.startswith("eval") else "base.train.steps_per_loop"
+        who = "HyperBand" if scheduler.type == "hyperband" else "halving"
         if not every:
             raise DetsweepError(f"{path}: {field}: found 0, expected reports of {metric} before base.train.num_steps "
-                                f"({steps}): HyperBand ranks trials at them")
+                                f"({steps}): {who} ranks trials at them")
         if every != reports_every(train, search.metric):  # HyperBand ranks at the reports Tune gets: the objective's
             raise DetsweepError(f"{path}: search.scheduler.metric: found {metric!r} (reported every {every} steps), "
                                 f"expected a metric reported with search.metric {search.metric!r} (every "
-                                f"{reports_every(train, search.metric)}): HyperBand ranks trials where Tune hears them")
+                                f"{reports_every(train, search.metric)}): {who} ranks trials where Tune hears them")
         if (scheduler.max_t or steps) > steps:
             raise DetsweepError(f"{path}: search.scheduler.max_t: found {scheduler.max_t}, expected at most "
                                 f"base.train.num_steps ({steps})")
         if train.checkpoint_every != every:
             raise DetsweepError(f"{path}: base.train.checkpoint_every: found {train.checkpoint_every}, expected {every} "
-                                f"(as {field}): HyperBand pauses trials where they report {metric} and resumes them "
+                                f"(as {field}): {who} pauses trials where they report {metric} and resumes them "
                                 "from a checkpoint there")
 
 

@@ -2,8 +2,9 @@
 
 The objects are the ones Ray Tune users compose by hand: ``BasicVariantGenerator``,
 ``OptunaSearch`` (TPE, seeded) or ``TuneBOHB``, and ``FIFOScheduler``, ``ASHAScheduler``,
-``PopulationBasedTraining`` or ``HyperBandForBOHB``. ASHA and PBT measure time in training
-steps (``time_attr="step"``); HyperBand in reports of the objective, so its rungs fall on them.
+``PopulationBasedTraining`` or ``HyperBandForBOHB`` (and its one-bracket form,
+``SuccessiveHalving``). ASHA and PBT measure time in training steps (``time_attr="step"``);
+HyperBand and halving in reports of the objective, so their rungs fall on them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import hyperband
+from ray.tune.search import BasicVariantGenerator
 
 from detsweep.config.loader import set_path
 from detsweep.tracking.trial_run import RunLink
@@ -22,7 +24,7 @@ from detsweep.trainables.trial import run_trial
 from .experiment import storage_path
 from .resources import TRIAL_DRIVER
 from .space import swept_paths
-from .spec import Sweep, grid_of, reports_every
+from .spec import Sweep, grid_of, reports_every, trial_count
 from .trial_files import result_files
 
 REPORTS = "hyperband/reports"  # HyperBand's time: how many reports of the metric a trial has made
@@ -62,8 +64,8 @@ def searcher(sweep: Sweep, max_concurrent: int):
 
         return ConcurrencyLimiter(OptunaSearch(sampler=optuna.samplers.TPESampler(seed=search.seed), **objective),
                                   max_concurrent)
-    from ray.tune.search import BasicVariantGenerator
-
+    if search.scheduler.type == "halving":
+        return _PausableVariants(random_state=search.seed, max_concurrent=max_concurrent)
     return BasicVariantGenerator(random_state=search.seed, max_concurrent=max_concurrent)
 
 
@@ -86,14 +88,16 @@ def scheduler(sweep: Sweep, max_concurrent: int | None = None):
             quantile_fraction=spec.quantile_fraction,
             hyperparam_mutations=mutations, synch=spec.synch,
         )
-    if spec.type == "hyperband":
+    if spec.type in ("hyperband", "halving"):
         # BOHB's HyperBand: trials pause at each rung (freeing their workers) until their bracket is
         # ranked, then the best resume from their checkpoint there and the rest stop.
         every = reports_every(sweep.base.train, sweep.search.metric)  # Tune hears a trial at the objective's reports
-        return HyperBandForBOHB(
-            max_concurrent, every, metric=spec.metric, mode=spec.mode,
-            max_t=math.ceil((spec.max_t or sweep.base.train.num_steps) / every), reduction_factor=spec.reduction_factor,
-        )
+        options = {"metric": spec.metric, "mode": spec.mode, "reduction_factor": spec.reduction_factor,
+                   "max_t": math.ceil((spec.max_t or sweep.base.train.num_steps) / every)}
+        if spec.type == "halving":
+            return SuccessiveHalving(max_concurrent, every, trials=trial_count(sweep),
+                                     first_rung=math.ceil(spec.grace_period / every), **options)
+        return HyperBandForBOHB(max_concurrent, every, **options)
     return tune.schedulers.FIFOScheduler()
 
 
@@ -170,6 +174,50 @@ class _Bracket(hyperband._Bracket):
         if self._halves == 0:
             self._r = self._cumul_r = self._max_t_attr
         return good, bad
+
+
+class SuccessiveHalving(HyperBandForBOHB):
+    """Synchronous successive halving of the whole sweep: one bracket holds every trial.
+
+    Each trial trains to the first rung (``grace_period`` steps) and pauses there, its workers
+    freed. Once all have, the best 1 in ``reduction_factor`` go on from their checkpoints and
+    the rest stop; again at grace_period × factor, × factor², …, until the survivors reach
+    ``max_t``. No trial passes a rung before every trial was ranked on it, where ASHA lets the
+    first to arrive, and each later one best so far, go on: on detectors, whose early ranks
+    are mostly noise, that is where ASHA spends (bench/RESULTS.md). HyperBand's machinery
+    (pauses, resumes, the bound on trials at once, the changes below) does the work; only the
+    bracket's shape is this class's.
+    """
+
+    def __init__(self, max_concurrent: int | None, every: int, trials: int, first_rung: int, **options: Any):
+        super().__init__(max_concurrent, every, **options)
+        rungs, rung = 0, first_rung
+        while rung < self._max_t_attr:  # as the bracket moves its rung (hyperband._Bracket.successive_halving)
+            rungs, rung = rungs + 1, int(rung * self._eta)
+        # BOHB's HyperBand opens its largest bracket first, with s halvings: the only one here.
+        self._s_max_1 = rungs + 1
+        self._get_n0 = lambda s: trials
+        self._get_r0 = lambda s: first_rung
+
+
+class _PausableVariants(BasicVariantGenerator):
+    """Tune's random and grid generator, for a scheduler that pauses trials.
+
+    A paused trial holds no workers, so it does not count against ``max_concurrent``: else
+    the trials paused at the first rung would stop the generator from drawing the rest of
+    the bracket, which would never fill. Tune's HyperBandForBOHB tells a searcher of pauses
+    through ``search_alg.searcher``; this generator is its own searcher.
+    """
+
+    @property
+    def searcher(self) -> _PausableVariants:
+        return self
+
+    def on_pause(self, trial_id: str) -> None:
+        self._live_trials.discard(trial_id)
+
+    def on_unpause(self, trial_id: str) -> None:
+        self._live_trials.add(trial_id)
 
 
 def checkpoint_config(sweep: Sweep) -> tune.CheckpointConfig:
