@@ -87,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     samples, overrides = (1, SMOKE + args.overrides) if args.smoke else (args.samples, args.overrides)
     settings = scheduler_settings(overrides)
-    name = NAMES[settings["scheduler"]]
+    name = NAMES.get(settings["scheduler"], settings["scheduler"])
     with tempfile.TemporaryDirectory() as folder:
         fifo = run_sweep("fifo", samples, overrides, Path(folder))
         stopping = run_sweep(settings["scheduler"], samples, overrides, Path(folder))

@@ -356,6 +356,45 @@ def test_a_hyperband_bracket_whose_only_trial_errored_takes_no_more_trials():
     assert joined is not first and joined._n0 == 5
 
 
+def test_halving_ranks_its_bracket_only_once_every_trial_of_the_sweep_is_in_it():
+    """3 trials, one at a time, a rung at the first report (factor 3). The first pauses at its
+    rung; the second errors before reporting. Tune would rank the bracket then, the paused
+    trial alone, and keep it. Halving waits for the third, ranks the two that reported, and
+    keeps ceil(2 / 3) = 1: the better, resumed; the third, worse, stops on its report."""
+    from types import SimpleNamespace
+
+    from ray.tune.experiment import Trial
+
+    from detsweep.sweeps.tuner import SuccessiveHalving, _PausableVariants
+
+    draws = _PausableVariants(max_concurrent=1)
+    trials = [Trial("__fake", stub=True, trial_id=name, config={}) for name in ("first", "errored", "third")]
+    controller = SimpleNamespace(search_alg=draws, get_trials=lambda: trials, stop_trial=None)
+    halving = SuccessiveHalving(1, 1, trials=3, first_rung=1, metric="eval/AP", mode="max", max_t=3, reduction_factor=3)
+    first, errored, third = trials
+
+    def arrives(trial: Trial) -> None:
+        halving.on_trial_add(controller, trial)
+        draws._live_trials.add(trial.trial_id)
+        trial.set_status(Trial.RUNNING)
+
+    arrives(first)
+    assert halving.on_trial_result(controller, first, {"step": 1, "eval/AP": 0.5}) == halving.PAUSE
+    first.set_status(Trial.PAUSED)
+    assert draws._live_trials == set()  # the generator may draw the next trial
+    arrives(errored)
+    errored.set_status(Trial.ERROR)
+    halving.on_trial_error(controller, errored)
+    draws.on_trial_complete(errored.trial_id, error=True)  # as Tune tells its search algorithm
+    [bracket] = halving._hyperbands[0]
+    assert not bracket.is_being_processed and not bracket.trials_to_unpause  # not ranked: the bracket is not whole
+    arrives(third)
+    assert halving.on_trial_result(controller, third, {"step": 1, "eval/AP": 0.1}) == halving.STOP
+    # the kept trial counts as live again; the third until Tune has stopped it
+    assert bracket.trials_to_unpause == {first} and draws._live_trials == {"first", "third"}
+    assert halving._trial_info[third][0] is bracket and len(halving._hyperbands[0]) == 1
+
+
 def test_the_replay_clock_lets_trials_report_in_step_order_however_late_they_ask():
     """Two slots, three trials in Tune's order x, w, v (their ids sort the other way, as a
     searcher's random ids may). ``x`` asks late every time and ends at step 40; ``w`` asks at

@@ -162,12 +162,16 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
      "search.metric 'eval/AP_best' (every 200): HyperBand ranks trials where Tune hears them"),
     ("  algorithm: optuna\n  scheduler: {type: halving}\n", [],
      "search.algorithm: found 'optuna', expected random or grid with scheduler halving"),
-    ("  scheduler: {type: halving, grace_period: 600}\n", [],
-     "search.scheduler.grace_period: found 600, expected fewer steps than the trials' budget (600): halving would "
-     "rank no trial before its end"),
+    # 450 steps are fewer than 600, but its rung is the report at step 600, the trials' last
+    ("  scheduler: {type: halving, grace_period: 450}\n", [],
+     "search.scheduler.grace_period: found 450, expected a first rung (the report of eval/AP_best at step 600) before "
+     "the trials' last report (step 600): halving would rank no trial before its end"),
     ("  scheduler: {type: halving, grace_period: 200, reduction_factor: 1.5}\n", [],
-     "search.scheduler.reduction_factor: found 1.5, expected at least 2: a rung 1.5 times step 200 must fall on a "
-     "later report of eval/AP_best (every 200 steps)"),
+     "search.scheduler.reduction_factor: found 1.5, expected at least 2: the rung after step 200 must fall on a later "
+     "report of eval/AP_best (every 200 steps)"),
+    ("  scheduler: {type: halving, grace_period: 200}\n", ["base.train.eval_every=0", "base.train.checkpoint_every=0"],
+     "base.train.eval_every: found 0, expected reports of eval/AP_best before base.train.num_steps (600): halving "
+     "ranks trials at them"),
     ("  scheduler: {type: halving, grace_period: 200}\n", ["base.train.checkpoint_every=600"],
      "base.train.checkpoint_every: found 600, expected 200 (as base.train.eval_every): halving pauses trials where "
      "they report eval/AP_best"),

@@ -10,6 +10,7 @@ algorithm/scheduler combinations.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,17 +267,6 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
             raise DetsweepError(f"{path}: base.train.checkpoint_every: found 0, expected checkpoints for PBT to copy")
         _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, metric, "PBT's first perturbation",
                                    path)
-    if scheduler.type == "halving":
-        limit = min(scheduler.max_t or steps, steps)
-        if scheduler.grace_period >= limit:
-            raise DetsweepError(f"{path}: search.scheduler.grace_period: found {scheduler.grace_period}, expected fewer "
-                                f"steps than the trials' budget ({limit}): halving would rank no trial before its end")
-        _check_seen_before_the_end(scheduler.grace_period, every, steps, metric, "the first rung", path)
-        first = -(-scheduler.grace_period // every)  # in reports, as the scheduler counts (see sweeps.tuner)
-        if int(first * scheduler.reduction_factor) <= first:
-            raise DetsweepError(f"{path}: search.scheduler.reduction_factor: found {scheduler.reduction_factor}, expected "
-                                f"at least {(first + 1) / first:g}: a rung {scheduler.reduction_factor:g} times step "
-                                f"{first * every} must fall on a later report of {metric} (every {every} steps)")
     if scheduler.type in ("hyperband", "halving"):
         field = "base.train.eval_every" if metric.startswith("eval") else "base.train.steps_per_loop"
         who = "HyperBand" if scheduler.type == "hyperband" else "halving"
@@ -294,6 +284,28 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
             raise DetsweepError(f"{path}: base.train.checkpoint_every: found {train.checkpoint_every}, expected {every} "
                                 f"(as {field}): {who} pauses trials where they report {metric} and resumes them "
                                 "from a checkpoint there")
+    if scheduler.type == "halving":
+        _check_halving_has_rungs(scheduler, every, min(scheduler.max_t or steps, steps), metric, path)
+
+
+def in_reports(steps: int, every: int) -> int:
+    """``steps`` counted in reports of a metric reported every ``every`` steps, rounded up:
+    HyperBand's and halving's time, so that their rungs fall on reports."""
+    return -(-steps // every)
+
+
+def _check_halving_has_rungs(scheduler: SchedulerSpec, every: int, limit: int, metric: str, path: Path) -> None:
+    """Halving's first rung falls on a report before the trials' last, and each next rung on a later one."""
+    first = in_reports(scheduler.grace_period, every)
+    if first >= in_reports(limit, every):
+        raise DetsweepError(f"{path}: search.scheduler.grace_period: found {scheduler.grace_period}, expected a first "
+                            f"rung (the report of {metric} at step {first * every}) before the trials' last report "
+                            f"(step {in_reports(limit, every) * every}): halving would rank no trial before its end")
+    if int(first * scheduler.reduction_factor) <= first:  # as the bracket moves its rung
+        least = math.ceil((first + 1) / first * 100) / 100
+        raise DetsweepError(f"{path}: search.scheduler.reduction_factor: found {scheduler.reduction_factor:g}, expected "
+                            f"at least {least:g}: the rung after step {first * every} must fall on a later report of "
+                            f"{metric} (every {every} steps)")
 
 
 def _check_the_searcher_is_installed(search: SearchSpec, path: Path) -> None:

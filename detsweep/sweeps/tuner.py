@@ -24,7 +24,7 @@ from detsweep.trainables.trial import run_trial
 from .experiment import storage_path
 from .resources import TRIAL_DRIVER
 from .space import swept_paths
-from .spec import Sweep, grid_of, reports_every, trial_count
+from .spec import Sweep, grid_of, in_reports, reports_every, trial_count
 from .trial_files import result_files
 
 REPORTS = "hyperband/reports"  # HyperBand's time: how many reports of the metric a trial has made
@@ -93,10 +93,10 @@ def scheduler(sweep: Sweep, max_concurrent: int | None = None):
         # ranked, then the best resume from their checkpoint there and the rest stop.
         every = reports_every(sweep.base.train, sweep.search.metric)  # Tune hears a trial at the objective's reports
         options = {"metric": spec.metric, "mode": spec.mode, "reduction_factor": spec.reduction_factor,
-                   "max_t": math.ceil((spec.max_t or sweep.base.train.num_steps) / every)}
+                   "max_t": in_reports(spec.max_t or sweep.base.train.num_steps, every)}
         if spec.type == "halving":
             return SuccessiveHalving(max_concurrent, every, trials=trial_count(sweep),
-                                     first_rung=math.ceil(spec.grace_period / every), **options)
+                                     first_rung=in_reports(spec.grace_period, every), **options)
         return HyperBandForBOHB(max_concurrent, every, **options)
     return tune.schedulers.FIFOScheduler()
 
@@ -179,14 +179,15 @@ class _Bracket(hyperband._Bracket):
 class SuccessiveHalving(HyperBandForBOHB):
     """Synchronous successive halving of the whole sweep: one bracket holds every trial.
 
-    Each trial trains to the first rung (``grace_period`` steps) and pauses there, its workers
-    freed. Once all have, the best 1 in ``reduction_factor`` go on from their checkpoints and
-    the rest stop; again at grace_period × factor, × factor², …, until the survivors reach
-    ``max_t``. No trial passes a rung before every trial was ranked on it, where ASHA lets the
-    first to arrive, and each later one best so far, go on: on detectors, whose early ranks
-    are mostly noise, that is where ASHA spends (bench/RESULTS.md). HyperBand's machinery
-    (pauses, resumes, the bound on trials at once, the changes below) does the work; only the
-    bracket's shape is this class's.
+    Each trial trains to the first rung (the first report of the metric at or after
+    ``grace_period`` steps) and pauses there, its workers freed. Once all have, the best 1 in
+    ``reduction_factor`` (rounded up) go on from their checkpoints and the rest stop; again at
+    factor, factor², … times that many reports, until the survivors reach ``max_t``. No trial
+    passes a rung before every trial was ranked on it, where ASHA lets the first to arrive, and
+    each later one best so far, go on: on detectors, whose early ranks are mostly noise, that
+    is where ASHA spends (bench/RESULTS.md). HyperBand's machinery (pauses, resumes, the bound
+    on trials at once, the changes above) does the work; this class gives the bracket its
+    shape and ranks it only once it is whole.
     """
 
     def __init__(self, max_concurrent: int | None, every: int, trials: int, first_rung: int, **options: Any):
@@ -199,6 +200,27 @@ class SuccessiveHalving(HyperBandForBOHB):
         self._get_n0 = lambda s: trials
         self._get_r0 = lambda s: first_rung
 
+    def _create_bracket(self, s: int) -> _Bracket:
+        return _WholeSweep(time_attr=self._time_attr, max_trials=self._get_n0(s), init_t_attr=self._get_r0(s),
+                           max_t_attr=self._max_t_attr, eta=self._eta, s=s, stop_last_trials=self._stop_last_trials)
+
+    def _process_bracket(self, tune_controller, bracket: _Bracket) -> str:
+        # Tune also ranks a bracket when a trial leaves it (errors, say) and when none runs: the
+        # first trial paused at a rung would be ranked alone if the next one failed to start,
+        # and every later trial would open a bracket of its own. Only a whole one is ranked.
+        if bracket.filled() or tune_controller.search_alg.is_finished():
+            return super()._process_bracket(tune_controller, bracket)
+        return self.PAUSE
+
+
+class _WholeSweep(_Bracket):
+    """The one bracket: it keeps 1 in ``eta`` of the trials it ranks, not of those it was sized
+    for, which would keep more than that once some errored."""
+
+    def successive_halving(self, metric: str, metric_op: float) -> tuple[list[Trial], list[Trial]]:
+        self._n = min(self._n, len(self._live_trials))
+        return super().successive_halving(metric, metric_op)
+
 
 class _PausableVariants(BasicVariantGenerator):
     """Tune's random and grid generator, for a scheduler that pauses trials.
@@ -206,18 +228,30 @@ class _PausableVariants(BasicVariantGenerator):
     A paused trial holds no workers, so it does not count against ``max_concurrent``: else
     the trials paused at the first rung would stop the generator from drawing the rest of
     the bracket, which would never fill. Tune's HyperBandForBOHB tells a searcher of pauses
-    through ``search_alg.searcher``; this generator is its own searcher.
+    through ``search_alg.searcher``, which a generator does not have.
     """
 
     @property
-    def searcher(self) -> _PausableVariants:
-        return self
+    def searcher(self) -> _Pauses:
+        return _Pauses(self._live_trials)
+
+
+class _Pauses:
+    """What HyperBandForBOHB calls on ``search_alg.searcher``: a trial's pauses, on the
+    generator's count of live trials. A trial counts again from its unpausing on, a little
+    before it starts: a trial ranked to go on is owed its slot."""
+
+    def __init__(self, live: set[str]):
+        self.live = live
 
     def on_pause(self, trial_id: str) -> None:
-        self._live_trials.discard(trial_id)
+        self.live.discard(trial_id)
 
     def on_unpause(self, trial_id: str) -> None:
-        self._live_trials.add(trial_id)
+        self.live.add(trial_id)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """Nothing to learn: the draws are random or a grid."""
 
 
 def checkpoint_config(sweep: Sweep) -> tune.CheckpointConfig:
