@@ -112,8 +112,9 @@ HAND_MADE = {  # rate: (loss at every step, AP at steps 10, 20, 30, 40)
 
 
 def curves_file(write, paths=(LR,)) -> str:
-    trials = [{"config": {LR: rate}, "reports": [{"step": 10 * (i + 1), "train/loss": loss, "eval/AP_best": ap}
-                                                 for i, ap in enumerate(aps)]}
+    # the val loss as the training loss: a scheduler may decide on either
+    trials = [{"config": {LR: rate}, "reports": [{"step": 10 * (i + 1), "train/loss": loss, "eval/loss": loss,
+                                                  "eval/AP_best": ap} for i, ap in enumerate(aps)]}
               for rate, (loss, aps) in HAND_MADE.items()]
     return str(write("curves.json", json.dumps({"recorded": "by hand", "paths": list(paths), "trials": trials})))
 
@@ -225,15 +226,16 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
 
 def test_halving_replay_ranks_every_trial_at_its_rung_before_any_goes_on_and_spends_what_a_hand_count_gives(
         write, tmp_path):
-    """Synchronous halving on the loss, one trial at a time in grid order, its only rung at step
-    20 (factor 3: the next, 60, lies past the budget of 40). All 4 pause there; ranked on the
-    loss, 0.01 and 0.02 (ceil(4 / 3) = 2) go on from their checkpoints to step 40, 0.08 and 0.04
-    stop: 4 x 20 + 2 x 20 = 120 of FIFO's 160 steps. The sweep returns 0.02's AP 0.6, the best
-    recorded (regret 0), although 0.02 had the worst AP but one at step 20."""
+    """Synchronous halving on the val loss while the objective is AP, one trial at a time in grid
+    order, its only rung at step 20 (factor 3: the next, 60, lies past the budget of 40). All 4
+    pause there; ranked on the loss, 0.01 and 0.02 (ceil(4 / 3) = 2) go on from their
+    checkpoints to step 40, 0.08 and 0.04 stop: 4 x 20 + 2 x 20 = 120 of FIFO's 160 steps. The
+    sweep returns 0.02's AP 0.6, the best recorded (regret 0), although 0.02 had the worst AP
+    but one at step 20: on AP the rung would have kept 0.08 and 0.01 (returning 0.5)."""
     sweep = sweep_with(write, tmp_path, f"""
   algorithm: grid
   num_samples: 1
-  scheduler: {{type: halving, grace_period: 20, reduction_factor: 3, metric: train/loss, mode: min}}
+  scheduler: {{type: halving, grace_period: 20, reduction_factor: 3, metric: eval/loss, mode: min}}
   space:
     {LR}: {{grid: [0.01, 0.02, 0.08, 0.04]}}
 """, checkpoint_every=10)
@@ -241,6 +243,8 @@ def test_halving_replay_ranks_every_trial_at_its_rung_before_any_goes_on_and_spe
     [run] = report["runs"]
     assert run["trials"] == 4 and run["resumed"] == 2 and run["reported_twice"] == 0, run
     assert (run["steps"], run["fifo_steps"], run["returned"], run["regret"]) == (120, 160, 0.6, 0), run
+    [on_ap] = replayed(write, sweep, "--set", "search.scheduler.metric=null", "--set", "search.scheduler.mode=null")["runs"]
+    assert (on_ap["steps"], on_ap["returned"]) == (120, 0.5), on_ap
 
 
 def test_bohbs_model_learns_from_the_results_hyperband_ranks(local_ray, write, tmp_path):
