@@ -54,7 +54,7 @@ def quickstart_settings() -> list[str]:
     scheduler = load_sweep(REPO / "sweeps" / "quickstart.yaml").search.scheduler
     chosen = {"type": scheduler.type} | scheduler.model_dump(exclude_defaults=True)
     overrides = [f"search.scheduler.{key}={value}" for key, value in chosen.items()]
-    if scheduler.type in ("hyperband", "halving"):  # it resumes a paused trial from a checkpoint at every evaluation
+    if scheduler.pauses:  # it resumes a paused trial from a checkpoint at every evaluation
         overrides.append(f"base.train.checkpoint_every={load_sweep(SWEEP).base.train.eval_every}")
     return overrides
 

@@ -278,7 +278,7 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
     metric, mode = sweep.search.metric, sweep.search.mode
     better = max if mode == "max" else min
 
-    pauses = sweep.search.scheduler.type in ("hyperband", "halving")  # and resumes a trial from its checkpoint
+    pauses = sweep.search.scheduler.pauses
     every = reports_every(sweep.base.train, metric)  # Tune hears a trial where it reports the objective
     concurrent = sweep.search.max_concurrent_trials or 2
     # HyperBand's trials pause and start again, in slots the clock cannot foresee; it ranks

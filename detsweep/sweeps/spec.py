@@ -50,6 +50,11 @@ class SchedulerSpec(Section):
                                                  "(the best trial is still chosen by search.metric)")
     mode: Literal["max", "min"] | None = Field(None, description="with metric: whether more is better")
 
+    @property
+    def pauses(self) -> bool:
+        """Whether it pauses trials at rungs and resumes them from a checkpoint there."""
+        return self.type in ("hyperband", "halving")
+
 
 class SearchSpec(Section):
     metric: str = "eval/AP_best"
@@ -267,7 +272,7 @@ def _check_the_scheduler_fits(search: SearchSpec, train: TrainConfig, path: Path
             raise DetsweepError(f"{path}: base.train.checkpoint_every: found 0, expected checkpoints for PBT to copy")
         _check_seen_before_the_end(scheduler.perturbation_interval, every, steps, metric, "PBT's first perturbation",
                                    path)
-    if scheduler.type in ("hyperband", "halving"):
+    if scheduler.pauses:
         field = "base.train.eval_every" if metric.startswith("eval") else "base.train.steps_per_loop"
         who = "HyperBand" if scheduler.type == "hyperband" else "halving"
         if not every:

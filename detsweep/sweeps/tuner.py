@@ -88,7 +88,7 @@ def scheduler(sweep: Sweep, max_concurrent: int | None = None):
             quantile_fraction=spec.quantile_fraction,
             hyperparam_mutations=mutations, synch=spec.synch,
         )
-    if spec.type in ("hyperband", "halving"):
+    if spec.pauses:
         # BOHB's HyperBand: trials pause at each rung (freeing their workers) until their bracket is
         # ranked, then the best resume from their checkpoint there and the rest stop.
         every = reports_every(sweep.base.train, sweep.search.metric)  # Tune hears a trial at the objective's reports
@@ -123,8 +123,12 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
         self.max_concurrent, self.every = max_concurrent, every
 
     def _create_bracket(self, s: int) -> _Bracket:
-        return _Bracket(time_attr=self._time_attr, max_trials=self._get_n0(s), init_t_attr=self._get_r0(s),
-                        max_t_attr=self._max_t_attr, eta=self._eta, s=s, stop_last_trials=self._stop_last_trials)
+        return self._bracket_kind()(time_attr=self._time_attr, max_trials=self._get_n0(s), init_t_attr=self._get_r0(s),
+                                    max_t_attr=self._max_t_attr, eta=self._eta, s=s,
+                                    stop_last_trials=self._stop_last_trials)
+
+    def _bracket_kind(self) -> type[_Bracket]:
+        return _Bracket
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         # In place: Tune hands this same dict on to TuneBOHB, which learns only from the results
@@ -200,9 +204,8 @@ class SuccessiveHalving(HyperBandForBOHB):
         self._get_n0 = lambda s: trials
         self._get_r0 = lambda s: first_rung
 
-    def _create_bracket(self, s: int) -> _Bracket:
-        return _WholeSweep(time_attr=self._time_attr, max_trials=self._get_n0(s), init_t_attr=self._get_r0(s),
-                           max_t_attr=self._max_t_attr, eta=self._eta, s=s, stop_last_trials=self._stop_last_trials)
+    def _bracket_kind(self) -> type[_Bracket]:
+        return _WholeSweep
 
     def _process_bracket(self, tune_controller, bracket: _Bracket) -> str:
         # Tune also ranks a bracket when a trial leaves it (errors, say) and when none runs: the
