@@ -6,7 +6,9 @@ windows of ``steps_per_loop`` steps, the first window (tracing) and the last (a 
 checkpoint) left out. Then, at 2, 10 and 40 steps per loop, Ray Train's wall-clock rate
 against the worker's own compute-only rate and against the bare loop: ``--repeats`` pairs of
 runs, the bare loop then Ray Train, each pair's ratio taken back to back (single runs of one
-contender differ by up to 10 % here, more than the gap the targets judge).
+contender differ by up to 10 % here, more than the gap the targets judge). First, where Ray
+Train's gap goes: the same repeats of the bare loop alone, beside an idle local cluster, beside
+an idle Ray Train run and under Ray Train, back to back (the pairs take their runs from these).
 
     .venv/bin/python -m bench.train_step [--smoke] [--windows N] [--repeats N] [--set path=value ...]
 """
@@ -95,21 +97,63 @@ def without_preload() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
 
 
+IDLE_CLUSTER = "from detsweep.cluster import connect; import sys; connect(None); print(flush=True); sys.stdin.read()"
+
+# An idle Ray Train run: what a trial starts beside its training (the controller, its helper
+# actors, one worker, a Ray queue like the trial's report channel), the worker asleep. A line
+# once the worker runs, none if it failed.
+IDLE_RAY_TRAIN = """
+import os, sys, threading, time
+import ray.train
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from ray.util.queue import Queue
+from detsweep.cluster import connect
+
+def sleep(config):
+    config["queue"].put("running")
+    threading.Event().wait()
+
+connect(None)
+queue = Queue(actor_options={"num_cpus": 0})
+trainer = DataParallelTrainer(sleep, train_loop_config={"queue": queue}, scaling_config=ray.train.ScalingConfig(
+    num_workers=1, resources_per_worker={"CPU": os.cpu_count()}), run_config=ray.train.RunConfig(
+    storage_path=sys.argv[1], name="idle"))
+fit = threading.Thread(target=trainer.fit, daemon=True)
+fit.start()
+while fit.is_alive() and queue.empty():
+    time.sleep(0.5)
+if fit.is_alive():
+    print(flush=True)
+    sys.stdin.read()
+os._exit(0)  # the sleeping worker would hold fit() forever; Ray ends with its driver
+"""
+
+
+def loop_beside(driver: str, config) -> list[tuple[int, float]]:
+    """detsweep's loop in this process while ``driver``, a process of its own started without
+    this process's allocator (as ``detsweep launch`` starts the cluster), keeps Ray idle beside
+    it: the share of Ray Train's cost that is other processes taking CPU from the training
+    threads, not the worker's own."""
+    with tempfile.TemporaryDirectory() as storage:
+        beside = subprocess.Popen([sys.executable, "-c", driver, storage], cwd=REPO, env=without_preload(), text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            if not beside.stdout.readline():
+                raise SystemExit("the idle Ray processes beside the loop did not start")
+            return own_loop(config)
+        finally:
+            beside.stdin.close()  # the driver ends, and Ray with it
+            beside.wait(timeout=120)
+
+
 def loop_beside_ray(config) -> list[tuple[int, float]]:
-    """detsweep's loop in this process while a local Ray cluster runs idle beside it: the share
-    of the wrapper's cost that is Ray's daemons (GCS, raylet, dashboard, log monitor) taking
-    CPU from the training threads, not Ray Train. The cluster is started by a driver of its
-    own, without this process's allocator, as ``detsweep launch`` starts it."""
-    driver = "from detsweep.cluster import connect; import sys; connect(None); print(flush=True); sys.stdin.read()"
-    cluster = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env=without_preload(), text=True,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        if not cluster.stdout.readline():  # a line once the cluster is up; none if it failed
-            raise SystemExit("the idle Ray cluster beside the loop did not start")
-        return own_loop(config)
-    finally:
-        cluster.stdin.close()  # the driver ends, and Ray with it
-        cluster.wait(timeout=120)
+    """Beside an idle local cluster: Ray's daemons (GCS, raylet, dashboard, log monitor)."""
+    return loop_beside(IDLE_CLUSTER, config)
+
+
+def loop_beside_ray_train(config) -> list[tuple[int, float]]:
+    """Beside an idle Ray Train run on such a cluster: the daemons and Ray Train's own processes."""
+    return loop_beside(IDLE_RAY_TRAIN, config)
 
 
 def under_ray_train(config) -> list[tuple[int, float, float]]:
@@ -133,6 +177,7 @@ CONTENDERS = {  # name → (function, how many windows to leave out at the start
     "fit": (keras_fit, 1),
     "loop": (own_loop, 0),
     "beside": (loop_beside_ray, 0),
+    "beside_train": (loop_beside_ray_train, 0),
     "ray": (under_ray_train, 0),
 }
 
@@ -195,6 +240,7 @@ def main() -> None:
         print(json.dumps(CONTENDERS[args.contender][0](config)))
         return
     args.batch_size = config.train.batch_size
+    where_the_gap_goes(args)  # first: the tables below take their back-to-back pairs from these runs
     contenders(args, config)
     loop_lengths(args)
 
@@ -247,6 +293,42 @@ def contenders(args, config) -> None:
     ), args.out)
 
 
+SPLIT = {  # contender → what runs beside the bare loop's training threads
+    "loop": "nothing",
+    "beside": "an idle local cluster (GCS, raylet, dashboard, agents)",
+    "beside_train": "an idle Ray Train run on it (controller, helper actors, a sleeping worker, a Ray queue)",
+    "ray": "nothing: the loop is Ray Train's worker",
+}
+
+
+def where_the_gap_goes(args) -> None:
+    """The bare loop alone, beside an idle cluster, beside an idle Ray Train run, and under Ray
+    Train, back to back ``args.repeats`` times: what the others' processes take from the
+    training threads, against what is left to the worker itself."""
+    tcmalloc = fast_allocator()
+    allocators = {name: {} if name == "ray" else tcmalloc for name in SPLIT}  # Ray Train's workers get it from detsweep
+    runs = [{name: run_contender(name, allocators[name], args, args.windows, args.steps_per_loop, repeat).wall
+             for name in SPLIT} for repeat in range(args.repeats)]
+    share = {name: median([run[name] / run["loop"] for run in runs]) for name in SPLIT}
+    rows = [["the bare loop's training, beside", "images/s (median)", "/ the loop alone (median of runs)",
+             "/ the loop alone, each run"]]
+    rows += [[what, median([run[name] for run in runs]), share[name],
+              ", ".join(f"{run[name] / run['loop']:.3f}" for run in runs)] for name, what in SPLIT.items()]
+    record("train_step_split", Entry(
+        title="Where Ray Train's gap goes: the bare loop beside Ray's idle processes (bench/train_step.py)",
+        settings={"config": "configs/quickstart.yaml", "batch_size": args.batch_size,
+                  "steps_per_loop": args.steps_per_loop, "windows": args.windows, "repeats": args.repeats,
+                  "overrides": args.overrides},
+        rows=rows,
+        notes=[f"The cluster's processes cost the loop {1 - share['beside']:.1%}; Ray Train's own processes "
+               f"{share['beside'] - share['beside_train']:.1%} more; what is left, "
+               f"{share['beside_train'] - share['ray']:.1%}, is the worker's own or the spread of single runs.",
+               "Each figure one run in a process of its own, tcmalloc for every one; the four runs of a repeat "
+               "back to back. The idle processes are started by a driver of their own, as detsweep launch "
+               "starts them; beside an idle Ray Train run the loop starts once its sleeping worker runs."],
+    ), args.out)
+
+
 LOOP_LENGTHS = (2, 10, 40)  # steps per loop; 2 stands in for a GPU, whose loops take a fraction of a second
 
 
@@ -291,8 +373,9 @@ def loop_lengths(args) -> None:
         rows=rows, targets=targets,
         notes=[f"{args.repeats} pairs of runs per loop length, the bare loop then Ray Train, each run a process of "
                "its own, tcmalloc for both; images/s are medians, and the ratio is the median of each pair's own "
-               "ratio. Seconds per loop from the worker's compute-only rate. The first pair at the main table's "
-               "loop length is that table's own runs.",
+               "ratio. Seconds per loop from the worker's compute-only rate. At the main table's loop length the "
+               "pairs are the split table's runs (with the two runs beside idle Ray processes between the bare "
+               "loop and Ray Train), and the first is the main table's own.",
                "Before the report channel (every loop through ray.train.report, which the controller drains "
                "once per 2 s poll), see the hand-written figures above the tables."],
     ), args.out)

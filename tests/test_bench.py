@@ -13,7 +13,7 @@ from bench.common import Entry, render, throughputs
 from .conftest import REPO, run_bounded
 
 # What each benchmark of ``bench.run_all`` records, by its name there.
-RECORDS = {"train_step": {"train_step", "train_step_loops"}, "startup": {"startup_1w"},
+RECORDS = {"train_step": {"train_step", "train_step_loops", "train_step_split"}, "startup": {"startup_1w"},
            "input_pipeline": {"input_pipeline"}, "scaling": {"scaling_cpu"}, "early_stopping": {"early_stopping"},
            "replay_settings": {"replay_settings"}, "tracking_server": {"tracking_server"}}
 
@@ -44,6 +44,12 @@ def test_the_benchmark_runs_and_records_its_table(benchmark, tmp_path):
     markdown = out.with_suffix(".md").read_text()
     assert all(entry["title"] in markdown for entry in results.values())
     SPECIFIC.get(benchmark, lambda results: None)(results)
+
+
+def train_step(results: dict) -> None:
+    # the split: the bare loop alone first (its own ratio 1), then beside the cluster, beside Ray Train, under it
+    rows = results["train_step_split"]["rows"][1:]
+    assert [row[0].split(" ")[0] for row in rows] == ["nothing", "an", "an", "nothing:"] and rows[0][2] == 1.0, rows
 
 
 def early_stopping(results: dict) -> None:
@@ -78,7 +84,7 @@ def tracking_server(results: dict) -> None:
 
 
 SPECIFIC = {"early_stopping": early_stopping, "replay_settings": replay_settings, "startup": startup,
-            "tracking_server": tracking_server}
+            "tracking_server": tracking_server, "train_step": train_step}
 
 
 def test_throughput_windows_leave_out_tracing_and_the_final_checkpoint():
