@@ -120,16 +120,17 @@ trainer = DataParallelTrainer(sleep, train_loop_config={"queue": queue}, scaling
     storage_path=sys.argv[1], name="idle"))
 fit = threading.Thread(target=trainer.fit, daemon=True)
 fit.start()
-while fit.is_alive() and queue.empty():
+deadline = time.monotonic() + 300  # a worker that cannot be placed would wait for Ray Train's 30 min
+while fit.is_alive() and queue.empty() and time.monotonic() < deadline:
     time.sleep(0.5)
-if fit.is_alive():
+if fit.is_alive() and not queue.empty():
     print(flush=True)
     sys.stdin.read()
 os._exit(0)  # the sleeping worker would hold fit() forever; Ray ends with its driver
 """
 
 
-def loop_beside(driver: str, config) -> list[tuple[int, float]]:
+def loop_beside(driver: str, config) -> list[tuple[int, float, float]]:
     """detsweep's loop in this process while ``driver``, a process of its own started without
     this process's allocator (as ``detsweep launch`` starts the cluster), keeps Ray idle beside
     it: the share of Ray Train's cost that is other processes taking CPU from the training
@@ -143,15 +144,18 @@ def loop_beside(driver: str, config) -> list[tuple[int, float]]:
             return own_loop(config)
         finally:
             beside.stdin.close()  # the driver ends, and Ray with it
-            beside.wait(timeout=120)
+            try:
+                beside.wait(timeout=120)
+            except subprocess.TimeoutExpired:  # not to hide the loop's result or error
+                beside.kill()
 
 
-def loop_beside_ray(config) -> list[tuple[int, float]]:
+def loop_beside_ray(config) -> list[tuple[int, float, float]]:
     """Beside an idle local cluster: Ray's daemons (GCS, raylet, dashboard, log monitor)."""
     return loop_beside(IDLE_CLUSTER, config)
 
 
-def loop_beside_ray_train(config) -> list[tuple[int, float]]:
+def loop_beside_ray_train(config) -> list[tuple[int, float, float]]:
     """Beside an idle Ray Train run on such a cluster: the daemons and Ray Train's own processes."""
     return loop_beside(IDLE_RAY_TRAIN, config)
 
@@ -191,12 +195,18 @@ class Rate:
 _measured: dict[tuple, Rate] = {}
 
 
+def tcmalloc_for(name: str) -> dict[str, str]:
+    """The environment that gives contender ``name`` tcmalloc: Ray Train's workers get it from
+    detsweep (the driver's own allocator changes nothing), every other contender preloads it."""
+    return {} if name == "ray" else fast_allocator()
+
+
 def run_contender(name: str, allocator: dict[str, str], args, windows: int, steps_per_loop: int,
                   repeat: int = 0) -> Rate:
     """Images/s of one contender in a process of its own (a previous training in the same
     process leaves its memory behind and changes the next one's speed). A contender asked for
-    again with the same settings and ``repeat`` (the loop-length table's first pair at the main
-    table's loop length) gives the figure it measured the first time."""
+    again with the same settings and ``repeat`` gives the figure it measured the first time:
+    the split's runs are the main table's and, at its loop length, the pairs'."""
     key = (name, tuple(sorted(allocator.items())), windows, steps_per_loop, args.smoke, tuple(args.overrides), repeat)
     if key not in _measured:
         _measured[key] = _measure(name, allocator, args, windows, steps_per_loop)
@@ -252,9 +262,9 @@ def contenders(args, config) -> None:
         "Keras model.fit, plain python": ("fit", {}),
         "Keras model.fit, tcmalloc": ("fit", tcmalloc),
         "detsweep loop, no Ray, plain python": ("loop", {}),
-        "detsweep loop, no Ray, tcmalloc, an idle Ray cluster beside it": ("beside", tcmalloc),
-        "detsweep loop, no Ray, tcmalloc": ("loop", tcmalloc),  # then Ray Train: the first pair, back to back
-        f"detsweep under Ray Train, 1 worker{' (tcmalloc)' if tcmalloc else ''}": ("ray", {}),
+        "detsweep loop, no Ray, tcmalloc, an idle Ray cluster beside it": ("beside", tcmalloc_for("beside")),
+        "detsweep loop, no Ray, tcmalloc": ("loop", tcmalloc_for("loop")),  # the split's first repeat
+        f"detsweep under Ray Train, 1 worker{' (tcmalloc)' if tcmalloc else ''}": ("ray", tcmalloc_for("ray")),
     }
     if args.smoke:
         runs = {name: run for name, run in runs.items() if "model.fit, t" not in name and "Ray, plain" not in name}
@@ -279,9 +289,9 @@ def contenders(args, config) -> None:
                         ray_train / fit_tcmalloc >= 1.0),
                  Target("Ray Train vs the bare loop (tcmalloc), median of paired runs", ">= 0.95", against_loop,
                         against_loop >= 0.95)],
-        notes=[f"Where the wrapper's cost goes: an idle Ray cluster beside the bare loop slows it by "
-               f"{1 - beside / loop:.1%} (Ray's daemons take CPU from the training threads); Ray Train "
-               f"itself costs {1 - ray_train / beside:.1%} more.",
+        notes=[f"Where the wrapper's cost goes, in these single runs: an idle Ray cluster beside the bare loop "
+               f"slows it by {1 - beside / loop:.1%}; Ray Train costs {1 - ray_train / beside:.1%} more, its "
+               "idle processes and its worker together (the split table takes them apart over the repeats).",
                f"Ray Train against the bare loop: the median of {args.repeats} pairs of runs, each pair back to "
                f"back (the loop-length table below); the single runs above give {ray_train / loop:.3f}.",
                "Each contender runs in a process of its own; images/s from the end of the first window "
@@ -303,11 +313,10 @@ SPLIT = {  # contender → what runs beside the bare loop's training threads
 
 def where_the_gap_goes(args) -> None:
     """The bare loop alone, beside an idle cluster, beside an idle Ray Train run, and under Ray
-    Train, back to back ``args.repeats`` times: what the others' processes take from the
-    training threads, against what is left to the worker itself."""
-    tcmalloc = fast_allocator()
-    allocators = {name: {} if name == "ray" else tcmalloc for name in SPLIT}  # Ray Train's workers get it from detsweep
-    runs = [{name: run_contender(name, allocators[name], args, args.windows, args.steps_per_loop, repeat).wall
+    Train: four runs back to back, ``args.repeats`` times, each at the main table's settings
+    with tcmalloc (``tcmalloc_for``): what other processes take from the training threads,
+    against what is left to the worker itself. Recorded as ``train_step_split``."""
+    runs = [{name: run_contender(name, tcmalloc_for(name), args, args.windows, args.steps_per_loop, repeat).wall
              for name in SPLIT} for repeat in range(args.repeats)]
     share = {name: median([run[name] / run["loop"] for run in runs]) for name in SPLIT}
     rows = [["the bare loop's training, beside", "images/s (median)", "/ the loop alone (median of runs)",
@@ -335,9 +344,9 @@ LOOP_LENGTHS = (2, 10, 40)  # steps per loop; 2 stands in for a GPU, whose loops
 def paired_runs(args, windows: int, steps_per_loop: int) -> list[tuple[Rate, Rate]]:
     """The bare loop, then Ray Train, ``args.repeats`` times: two runs back to back see the same
     machine, where runs minutes apart may not (its speed drifts by more than the gap judged)."""
-    tcmalloc = fast_allocator()
-    return [(run_contender("loop", tcmalloc, args, windows, steps_per_loop, repeat),
-             run_contender("ray", {}, args, windows, steps_per_loop, repeat)) for repeat in range(args.repeats)]
+    return [(run_contender("loop", tcmalloc_for("loop"), args, windows, steps_per_loop, repeat),
+             run_contender("ray", tcmalloc_for("ray"), args, windows, steps_per_loop, repeat))
+            for repeat in range(args.repeats)]
 
 
 def pair_ratios(pairs: list[tuple[Rate, Rate]]) -> list[float]:

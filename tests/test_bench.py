@@ -47,9 +47,13 @@ def test_the_benchmark_runs_and_records_its_table(benchmark, tmp_path):
 
 
 def train_step(results: dict) -> None:
-    # the split: the bare loop alone first (its own ratio 1), then beside the cluster, beside Ray Train, under it
-    rows = results["train_step_split"]["rows"][1:]
-    assert [row[0].split(" ")[0] for row in rows] == ["nothing", "an", "an", "nothing:"] and rows[0][2] == 1.0, rows
+    # the split's runs are the other tables' runs: its Ray Train ratio is their pair's, not another measurement
+    under_ray_train = results["train_step_split"]["rows"][-1][2]
+    pairs = results["train_step"]["targets"][2]["measured"]
+    [loops] = results["train_step_loops"]["rows"][1:]
+    single = {name: rate for name, rate, _ in results["train_step"]["rows"][1:]}
+    ray_train = next(rate for name, rate in single.items() if name.startswith("detsweep under Ray Train"))
+    assert under_ray_train == pairs == loops[5] == ray_train / single["detsweep loop, no Ray, tcmalloc"]
 
 
 def early_stopping(results: dict) -> None:
