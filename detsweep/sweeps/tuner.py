@@ -101,6 +101,30 @@ def scheduler(sweep: Sweep, max_concurrent: int | None = None):
     return tune.schedulers.FIFOScheduler()
 
 
+class _Bracket(hyperband._Bracket):
+    """Tune's bracket, with two changes.
+
+    - Its last rung is ``max_t``. Tune rounds a bracket's first rung down (max_t / eta^s) and
+      multiplies up from there, so with 15 reports and a factor of 3 the survivors stopped at
+      9: the trial a sweep returned had trained 60 % of its budget.
+    - It is filled once its ``n`` trials have arrived, or once it has been ranked. Tune counts
+      the trials still in it, and a trial of a bracket with no rung before max_t leaves it when
+      it finishes: with fewer trials at once than such a bracket holds, it never filled, and
+      every later trial of the sweep joined it and ran its whole budget (FIFO, and no result
+      for BOHB's model). A bracket Tune ranked early (all its trials errored, say) takes no
+      more: they would join past its first rung.
+    """
+
+    def filled(self) -> bool:
+        return self.is_being_processed or len(self._all_trials) >= self._n0
+
+    def successive_halving(self, metric: str, metric_op: float) -> tuple[list[Trial], list[Trial]]:
+        good, bad = super().successive_halving(metric, metric_op)
+        if self._halves == 0:
+            self._r = self._cumul_r = self._max_t_attr
+        return good, bad
+
+
 class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
     """Tune's, with five changes.
 
@@ -122,13 +146,11 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
         super().__init__(time_attr=REPORTS, **options)
         self.max_concurrent, self.every = max_concurrent, every
 
-    def _create_bracket(self, s: int) -> _Bracket:
-        return self._bracket_kind()(time_attr=self._time_attr, max_trials=self._get_n0(s), init_t_attr=self._get_r0(s),
-                                    max_t_attr=self._max_t_attr, eta=self._eta, s=s,
-                                    stop_last_trials=self._stop_last_trials)
+    bracket_kind: type[_Bracket] = _Bracket
 
-    def _bracket_kind(self) -> type[_Bracket]:
-        return _Bracket
+    def _create_bracket(self, s: int) -> _Bracket:
+        return self.bracket_kind(time_attr=self._time_attr, max_trials=self._get_n0(s), init_t_attr=self._get_r0(s),
+                                 max_t_attr=self._max_t_attr, eta=self._eta, s=s, stop_last_trials=self._stop_last_trials)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         # In place: Tune hands this same dict on to TuneBOHB, which learns only from the results
@@ -156,28 +178,13 @@ class HyperBandForBOHB(tune.schedulers.HyperBandForBOHB):
             controller._mark_trial_to_checkpoint(trial)
 
 
-class _Bracket(hyperband._Bracket):
-    """Tune's bracket, with two changes.
-
-    - Its last rung is ``max_t``. Tune rounds a bracket's first rung down (max_t / eta^s) and
-      multiplies up from there, so with 15 reports and a factor of 3 the survivors stopped at
-      9: the trial a sweep returned had trained 60 % of its budget.
-    - It is filled once its ``n`` trials have arrived, or once it has been ranked. Tune counts
-      the trials still in it, and a trial of a bracket with no rung before max_t leaves it when
-      it finishes: with fewer trials at once than such a bracket holds, it never filled, and
-      every later trial of the sweep joined it and ran its whole budget (FIFO, and no result
-      for BOHB's model). A bracket Tune ranked early (all its trials errored, say) takes no
-      more: they would join past its first rung.
-    """
-
-    def filled(self) -> bool:
-        return self.is_being_processed or len(self._all_trials) >= self._n0
+class _WholeSweep(_Bracket):
+    """The one bracket: it keeps 1 in ``eta`` of the trials it ranks, not of those it was sized
+    for, which would keep more than that once some errored."""
 
     def successive_halving(self, metric: str, metric_op: float) -> tuple[list[Trial], list[Trial]]:
-        good, bad = super().successive_halving(metric, metric_op)
-        if self._halves == 0:
-            self._r = self._cumul_r = self._max_t_attr
-        return good, bad
+        self._n = min(self._n, len(self._live_trials))
+        return super().successive_halving(metric, metric_op)
 
 
 class SuccessiveHalving(HyperBandForBOHB):
@@ -194,6 +201,8 @@ class SuccessiveHalving(HyperBandForBOHB):
     shape and ranks it only once it is whole.
     """
 
+    bracket_kind = _WholeSweep
+
     def __init__(self, max_concurrent: int | None, every: int, trials: int, first_rung: int, **options: Any):
         super().__init__(max_concurrent, every, **options)
         rungs, rung = 0, first_rung
@@ -204,9 +213,6 @@ class SuccessiveHalving(HyperBandForBOHB):
         self._get_n0 = lambda s: trials
         self._get_r0 = lambda s: first_rung
 
-    def _bracket_kind(self) -> type[_Bracket]:
-        return _WholeSweep
-
     def _process_bracket(self, tune_controller, bracket: _Bracket) -> str:
         # Tune also ranks a bracket when a trial leaves it (errors, say) and when none runs: the
         # first trial paused at a rung would be ranked alone if the next one failed to start,
@@ -214,15 +220,6 @@ class SuccessiveHalving(HyperBandForBOHB):
         if bracket.filled() or tune_controller.search_alg.is_finished():
             return super()._process_bracket(tune_controller, bracket)
         return self.PAUSE
-
-
-class _WholeSweep(_Bracket):
-    """The one bracket: it keeps 1 in ``eta`` of the trials it ranks, not of those it was sized
-    for, which would keep more than that once some errored."""
-
-    def successive_halving(self, metric: str, metric_op: float) -> tuple[list[Trial], list[Trial]]:
-        self._n = min(self._n, len(self._live_trials))
-        return super().successive_halving(metric, metric_op)
 
 
 class _PausableVariants(BasicVariantGenerator):
