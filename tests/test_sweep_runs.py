@@ -146,7 +146,7 @@ def test_the_time_budget_stops_what_still_runs_its_run_ends_killed_and_a_termina
     stopped by Tune, ``STOPPED`` in the report, and its MLflow run ends ``KILLED``."""
     from mlflow import MlflowClient
 
-    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n  time_budget_s: 90\n",
+    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n  time_budget_s: 70\n",
                        num_steps=2000, every=10)
     # run as a person at a terminal would, the report into a file: the progress on the terminal is live
     result, drawn = run_on_terminal([sys.executable, "-m", "detsweep.cli", "launch", str(sweep), "--no-register",
@@ -204,7 +204,7 @@ def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
     Ray Train restarts the worker from its checkpoint and the trial ends at exactly
     num_steps; what the trial logged while the server was away is retried and arrives once it
     is back; the trial keeps one MLflow run with every loop once, in order: loops of 2 steps,
-    most of them past Ray Train (which polls its workers only every 10 s here) down the
+    most of them past Ray Train (which polls its workers only every 5 s here) down the
     report channel. The steps trained twice are on the run, and none is older than the
     checkpoint the kill found."""
     sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n", num_steps=40, every=10,
@@ -214,7 +214,7 @@ def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
         launch = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--json", "--no-register"],
                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True,
-                                  env=cli_environment({"MLFLOW_TRACKING_URI": uri, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"}))
+                                  env=cli_environment({"MLFLOW_TRACKING_URI": uri, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "5"}))
         assert wait_for_train_metric(uri) < 40
     down_at = time.monotonic()  # the server is stopped; the trial trains on
     try:
