@@ -260,7 +260,7 @@ def contenders(args, config) -> None:
     tcmalloc = fast_allocator()
     runs = {  # the smoke run keeps one of each kind
         "Keras model.fit, plain python": ("fit", {}),
-        "Keras model.fit, tcmalloc": ("fit", tcmalloc),
+        "Keras model.fit, tcmalloc": ("fit", tcmalloc_for("fit")),
         "detsweep loop, no Ray, plain python": ("loop", {}),
         "detsweep loop, no Ray, tcmalloc, an idle Ray cluster beside it": ("beside", tcmalloc_for("beside")),
         "detsweep loop, no Ray, tcmalloc": ("loop", tcmalloc_for("loop")),  # the split's first repeat
@@ -318,11 +318,12 @@ def where_the_gap_goes(args) -> None:
     against what is left to the worker itself. Recorded as ``train_step_split``."""
     runs = [{name: run_contender(name, tcmalloc_for(name), args, args.windows, args.steps_per_loop, repeat).wall
              for name in SPLIT} for repeat in range(args.repeats)]
-    share = {name: median([run[name] / run["loop"] for run in runs]) for name in SPLIT}
+    ratios = {name: [run[name] / run["loop"] for run in runs] for name in SPLIT}
+    share = {name: median(each) for name, each in ratios.items()}
     rows = [["the bare loop's training, beside", "images/s (median)", "/ the loop alone (median of runs)",
              "/ the loop alone, each run"]]
-    rows += [[what, median([run[name] for run in runs]), share[name],
-              ", ".join(f"{run[name] / run['loop']:.3f}" for run in runs)] for name, what in SPLIT.items()]
+    rows += [[what, median([run[name] for run in runs]), share[name], ", ".join(f"{ratio:.3f}" for ratio in ratios[name])]
+             for name, what in SPLIT.items()]
     record("train_step_split", Entry(
         title="Where Ray Train's gap goes: the bare loop beside Ray's idle processes (bench/train_step.py)",
         settings={"config": "configs/quickstart.yaml", "batch_size": args.batch_size,
