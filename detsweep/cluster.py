@@ -39,9 +39,10 @@ def run_folder(storage: str | None, name: str) -> str:
 
 
 def check_storage(storage: str | None, where: str = "--storage") -> None:
-    """A local results folder this machine cannot make is refused before anything starts (Ray
-    would fail once the cluster is up). A bucket (``s3://…``) is Ray's to check."""
+    """A results folder this machine cannot make, or a bucket that does not exist or cannot be
+    read, is refused before anything starts: Ray would fail once the cluster is up."""
     if storage and "://" in storage:
+        check_bucket(storage, where)
         return
     path = Path(storage or RAY_RESULTS).expanduser().absolute()
     existing = next(folder for folder in (path, *path.parents) if folder.exists())
@@ -50,6 +51,22 @@ def check_storage(storage: str | None, where: str = "--storage") -> None:
     except OSError as error:
         raise DetsweepError(f"{where}: found {str(path)!r}, expected a folder this machine can write "
                             f"(cannot make a folder in {existing}: {error.strerror or type(error).__name__})") from None
+
+
+def check_bucket(uri: str, where: str) -> None:
+    """The bucket of ``uri`` exists and these credentials list it (pyarrow's filesystems, as Ray
+    opens them: ``AWS_ENDPOINT_URL`` and the usual credential chain for S3)."""
+    import pyarrow.fs
+
+    try:
+        filesystem, path = pyarrow.fs.FileSystem.from_uri(uri)
+        bucket = path.split("/", 1)[0]
+        found = filesystem.get_file_info(bucket).type
+    except (OSError, ValueError) as error:  # no such scheme, no credentials, no answer
+        raise DetsweepError(f"{where}: found {uri!r}, expected a bucket this machine can reach "
+                            f"({str(error).splitlines()[0]})") from None
+    if found == pyarrow.fs.FileType.NotFound:
+        raise DetsweepError(f"{where}: found {uri!r}, expected an existing bucket (there is no bucket {bucket!r})")
 
 
 def check_address(address: str | None, where: str = "--address") -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from detsweep import console
-from detsweep.checkpoints import read_config_tree
+from detsweep.checkpoints import checkpoint_uri, read_config_tree
 from detsweep.cluster import run_folder
 from detsweep.config import TrackingConfig, TrialConfig, read_trial_tree, validate
 from detsweep.config.loader import merge_trees, read_yaml_mapping, resolve_data_paths
@@ -67,7 +67,7 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
 
     def keep_last(metrics: dict, checkpoint) -> None:
         last["metrics"] = metrics
-        last["checkpoint"] = checkpoint.path if checkpoint else last["checkpoint"]
+        last["checkpoint"] = checkpoint_uri(checkpoint) if checkpoint else last["checkpoint"]
 
     error = train_and_log(config, name, storage_path, run, keep_last, progress=True)
     run.finish(error=error)

@@ -224,3 +224,13 @@ OUR_LINES = re.compile("|".join([
 def foreign_lines(*outputs: str) -> list[str]:
     """The lines of ``outputs`` that detsweep did not write (Ray's, TensorFlow's, …)."""
     return [line for text in outputs for line in text.splitlines() if line.strip() and not OUR_LINES.fullmatch(line)]
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """An S3 API server on loopback for the whole run (moto's ``moto_server``): buckets for
+    sweeps' results and datasets, reached as AWS is, through ``AWS_ENDPOINT_URL``."""
+    from .cluster_parts import s3_server
+
+    with s3_server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
+        yield server

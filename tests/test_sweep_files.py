@@ -7,7 +7,8 @@ import pytest
 
 from detsweep.errors import DetsweepError
 from detsweep.sweeps import load_sweep
-from detsweep.sweeps.launch import local_nodes, validation_report
+from detsweep.sweeps.launch import validation_report
+from detsweep.sweeps.resources import Capacity, NodeType, this_machine
 
 from .conftest import REPO, run_bounded, run_cli
 
@@ -20,8 +21,9 @@ def sweep_file(write, search: str, name: str = "s") -> str:
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
-def test_every_shipped_sweep_validates(path):
-    result = run_cli("validate", str(path), "--json")
+def test_every_shipped_sweep_validates(path, s3):
+    # coco_gpu.yaml's data is in a bucket: it is looked for on the tests' S3 server, never AWS's
+    result = run_cli("validate", str(path), "--json", env=s3.env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["trials"] >= 1 and len(report["samples"]) == min(5, report["trials"])
@@ -36,7 +38,7 @@ def test_grid_trial_count_collapses_parameters_a_choice_does_not_use(write):
     optimizer.momentum_optimizer_value: {grid: [0.9, 0.99]}
     optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02, 0.04]}
 """)
-    report = validation_report(load_sweep(path), local_nodes())
+    report = validation_report(load_sweep(path), this_machine())
     # adam ignores momentum: 1 x 3 + 2 x 3 = 9 trials, not 2 x 2 x 3 = 12.
     assert report["grid_points"] == 9 and report["trials"] == 9
 
@@ -267,9 +269,10 @@ def test_launch_with_a_misspelt_metric_exits_2_before_ray_or_mlflow_start(tmp_pa
 def test_resources_no_node_can_satisfy(write):
     path = sweep_file(write, "  num_samples: 1\n")
     sweep = load_sweep(path, ["base.scaling.cpus_per_worker=64"])
+    two_cpus = Capacity((NodeType("node", {"CPU": 2.0}, 1),), "this machine")
     with pytest.raises(DetsweepError, match=r"base.scaling.cpus_per_worker: found 64, expected <= 2"):
-        validation_report(sweep, [{"CPU": 2.0}])
-    assert validation_report(sweep, [{"CPU": 2.0}], strict=False)["notes"]  # a dry run only notes it
+        validation_report(sweep, two_cpus)
+    assert validation_report(sweep, two_cpus, strict=False)["notes"]  # a dry run only notes it
 
 
 def test_validate_command_exits_2_on_a_bad_file(write):

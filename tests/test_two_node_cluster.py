@@ -56,7 +56,8 @@ def test_validate_sizes_a_sweep_for_the_cluster_at_address_not_for_this_machine(
     assert fits.returncode == 0 and json.loads(fits.stdout)["trials_at_once"] == 2, fits.stderr[-2000:]
     too_big = run_cli("validate", str(sized), "--address", cluster.address, "--set", "base.scaling.cpus_per_worker=2")
     assert too_big.returncode == 2 and too_big.stderr.strip() == (
-        f"detsweep: error: {sized}: base.scaling.cpus_per_worker: found 2, expected <= 1 (the most CPUs any node has)")
+        f"detsweep: error: {sized}: base.scaling.cpus_per_worker: found 2, expected <= 1 (the most CPUs any node alive "
+        "has; for the node types an autoscaler can add: --cluster-config FILE)")
     assert run_cli("validate", str(sized), "--set", "base.scaling.cpus_per_worker=2").returncode == 0  # fits here
 
 

@@ -20,8 +20,11 @@ def load_dataset(config: DatasetConfig, verify: bool = True) -> DetectionSet:
 
     With ``verify``, every image header is read once: missing, unreadable or resized
     images are found here rather than inside tf.data. Ray workers pass False after the
-    driver has verified.
+    driver has verified. Paths in a bucket are read from this node's copy (:mod:`.remote`).
     """
+    from .remote import with_local_copies
+
+    config = with_local_copies(config)
     if config.format == "coco":
         from .coco import read_coco
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 FORMATS = ("saved_model", "tflite")
-SOURCE_HELP = "best:<experiment>, run:<mlflow run id> or checkpoint:<folder>"
+SOURCE_HELP = "best:<experiment>, run:<mlflow run id> or checkpoint:<folder or s3://… URI>"
 
 
 def add_export_commands(commands: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import mlflow.pyfunc
 
 import detsweep
+from detsweep.checkpoints import local_folder
 from detsweep.tracking.trial_run import RunLink
 
 MODEL_NAME = "model"
@@ -73,12 +74,13 @@ def register_best(link: RunLink, name: str, best: dict[str, Any], metric: str, m
     status = mlflow.MlflowClient(link.uri).get_run(run_id).info.status
     package = str(Path(detsweep.__file__).parent)  # the model's code travels with it
     mlflow.start_run(run_id=run_id)
-    try:
-        info = mlflow.pyfunc.log_model(
-            name=MODEL_NAME, python_model=DetectorModel(), artifacts={"checkpoint": best["checkpoint"]},
-            model_config={"use_moving_average": use_average}, signature=signature(), code_paths=[package],
-            pip_requirements=requirements(),
-        )
+    try:  # a checkpoint in a bucket is read through pyarrow, as Ray wrote it
+        with local_folder(best["checkpoint"]) as checkpoint:
+            info = mlflow.pyfunc.log_model(
+                name=MODEL_NAME, python_model=DetectorModel(), artifacts={"checkpoint": str(checkpoint)},
+                model_config={"use_moving_average": use_average}, signature=signature(), code_paths=[package],
+                pip_requirements=requirements(),
+            )
     finally:
         mlflow.end_run(status)  # the trial's own end (FINISHED, or KILLED if cut short) stays
     score = float(best["metrics"][metric])

@@ -19,6 +19,9 @@ from detsweep.errors import DetsweepError
 from detsweep.subcommands import add_command, add_overrides, add_verbose
 from detsweep.tracking.sweep_run import TrialStatus
 
+CLUSTER_CONFIG_HELP = ("a Ray cluster config (ray up's YAML): size trials against the node types the cluster can start "
+                       "(default with --address: ~/ray_bootstrap_config.yaml on the head, else the nodes alive)")
+
 
 def add_sweep_commands(commands: Any) -> None:
     """Add the sweep commands to the main parser's subparsers."""
@@ -26,12 +29,14 @@ def add_sweep_commands(commands: Any) -> None:
     validate.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
     add_overrides(validate, "override the sweep or its base config, e.g. --set base.train.num_steps=40")
     validate.add_argument("--address", help="size the sweep for this running Ray cluster (default: this machine)")
+    validate.add_argument("--cluster-config", metavar="FILE", help=CLUSTER_CONFIG_HELP)
     validate.add_argument("--json", action="store_true", help="print one JSON object")
 
     launch = add_command(commands, "launch", launch_command, "run a sweep on Ray (a local cluster unless --address)")
     launch.add_argument("sweep", help="a sweep file, e.g. sweeps/quickstart.yaml")
     add_overrides(launch, "override the sweep or its base config, e.g. --set search.num_samples=2")
     launch.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
+    launch.add_argument("--cluster-config", metavar="FILE", help=CLUSTER_CONFIG_HELP)
     launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best", "mlflow"} at the end')
     add_verbose(launch)
     launch.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
@@ -44,6 +49,7 @@ def add_sweep_commands(commands: Any) -> None:
     resume.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
     resume.add_argument("--retry-errored", action="store_true", help="also continue errored trials from their last checkpoints")
     resume.add_argument("--address", help="a running Ray cluster (default: start a local one)")
+    resume.add_argument("--cluster-config", metavar="FILE", help=CLUSTER_CONFIG_HELP)
     resume.add_argument("--json", action="store_true", help="print the same object as launch --json")
     add_verbose(resume)
     resume.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
@@ -65,23 +71,31 @@ def add_sweep_commands(commands: Any) -> None:
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from detsweep.sweeps.launch import cluster_nodes, local_nodes, validation_report
+    from detsweep.sweeps.launch import validation_report
+    from detsweep.sweeps.resources import cluster_capacity, from_cluster_config, this_machine
     from detsweep.sweeps.spec import load_sweep
 
     sweep = load_sweep(args.sweep, args.overrides)
-    if args.address:
+    note = None
+    if args.cluster_config:  # nothing to connect to: the file says what the cluster can grow to
+        capacity = from_cluster_config(args.cluster_config)
+    elif args.address:
         from detsweep.cluster import connect
 
         # Only the cluster's size is asked: a raylet's warning (a full disk) must not join the
         # one-line answer.
         connect(args.address, cluster_logs=False)
-    report = validation_report(sweep, cluster_nodes() if args.address else local_nodes(), strict=bool(args.address))
+        capacity, note = cluster_capacity(None)
+    else:
+        capacity = this_machine()
+    report = validation_report(sweep, capacity, strict=bool(args.address or args.cluster_config))
+    report["notes"] += [note] if note else []
     if args.json:
         print(json.dumps(report))
         return 0
     print(yaml.safe_dump({"base": report["base"]}, sort_keys=False), end="")
     print(yaml.safe_dump({k: report[k] for k in ("space", "algorithm", "scheduler", "trials", "grid_points",
-                                                  "resources_per_trial", "trials_at_once")}, sort_keys=False), end="")
+                                                  "resources_per_trial", "trials_at_once", "sized_against")}, sort_keys=False), end="")
     print("samples:")
     for drawn in report["samples"]:
         print("  - " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in drawn.items()))
@@ -97,7 +111,8 @@ def launch_command(args: argparse.Namespace) -> int:
 
     sweep = load_sweep(args.sweep, args.overrides)
     out = console.take_over(args.json, args.verbose)
-    return sweep_summary(launch(sweep, args.address, register=not args.no_register), args.json, out)
+    return sweep_summary(launch(sweep, args.address, register=not args.no_register, cluster_config=args.cluster_config),
+                         args.json, out)
 
 
 def status_command(args: argparse.Namespace) -> int:
@@ -111,7 +126,8 @@ def resume_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.launch import resume
 
     out = console.take_over(args.json, args.verbose)
-    report = resume(args.sweep, args.address, retry_errored=args.retry_errored, register=not args.no_register)
+    report = resume(args.sweep, args.address, retry_errored=args.retry_errored, register=not args.no_register,
+                    cluster_config=args.cluster_config)
     return sweep_summary(report, args.json, out)
 
 

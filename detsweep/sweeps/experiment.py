@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from detsweep.checkpoints import checkpoint_uri
 from detsweep.cluster import RAY_RESULTS
 from detsweep.config import ScalingConfig
 from detsweep.errors import DetsweepError, failure_reason
@@ -152,9 +153,9 @@ def _best_checkpoint(result, sweep: Sweep) -> str | None:
     ranked = [(checkpoint, metrics) for checkpoint, metrics in (result.best_checkpoints or [])
               if not math.isinf(_number(metrics.get(sweep.search.metric)))]
     if not ranked:
-        return result.checkpoint.path if result.checkpoint else None
+        return checkpoint_uri(result.checkpoint) if result.checkpoint else None
     pick = max if sweep.search.mode == "max" else min
-    return pick(ranked, key=lambda pair: pair[1][sweep.search.metric])[0].path
+    return checkpoint_uri(pick(ranked, key=lambda pair: pair[1][sweep.search.metric])[0])
 
 
 def _number(value: Any) -> float:

@@ -17,39 +17,36 @@ from detsweep.errors import DetsweepError
 from detsweep.tracking.sweep_run import TrialStatus
 
 from .experiment import as_run, find_experiment, read_outcomes, save_sweep, stored_run_link
-from .resources import trials_at_once
+from .resources import Capacity, check_fits, cluster_capacity, from_cluster_config, trials_at_once
 from .spec import Sweep, grid_of, trial_count
 
 
-def check_resources(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
-    """Every Ray Train worker must fit on some node (a trial waits forever otherwise)."""
-    scaling = sweep.base.scaling
-    largest_cpu = max((node.get("CPU", 0.0) for node in nodes), default=0.0)
-    largest_gpu = max((node.get("GPU", 0.0) for node in nodes), default=0.0)
-    if scaling.cpus_per_worker > largest_cpu:
-        raise DetsweepError(f"{sweep.path}: base.scaling.cpus_per_worker: found {scaling.cpus_per_worker:g}, "
-                            f"expected <= {largest_cpu:g} (the most CPUs any node has)")
-    if scaling.use_gpu and scaling.gpus_per_worker > largest_gpu:
-        raise DetsweepError(f"{sweep.path}: base.scaling.gpus_per_worker: found {scaling.gpus_per_worker:g}, "
-                            f"expected <= {largest_gpu:g} (the most GPUs any node has)")
-
-
-def validation_report(sweep: Sweep, nodes: list[dict[str, float]], strict: bool = True,
+def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True,
                       samples: int = 5) -> dict[str, Any]:
     """What ``detsweep validate`` shows: nothing is started. Not ``strict`` (no cluster was
     named, this machine stands in for it), resources that do not fit are a note, not an error."""
+    from detsweep.data.remote import check_locations
+
     notes = []
     try:
-        check_resources(sweep, nodes)
+        check_fits(sweep, capacity)
     except DetsweepError as error:
         if strict:
             raise
         notes.append(f"does not fit on this machine; launch it on a cluster: {str(error).split(': ', 1)[1]}")
+    for split in ("train", "val"):  # where the cluster will read them: a bucket, or its nodes' disks
+        dataset = getattr(sweep.base.data, split)
+        try:
+            if dataset is not None:
+                check_locations(dataset, f"{sweep.path}: base.data.{split}")
+        except DetsweepError as error:
+            if strict:
+                raise
+            notes.append(f"not on this machine; the cluster must have it: {str(error).split(': ', 1)[1]}")
     base = sweep.base.model_dump(mode="json")
     space = sweep.search.space
     grid = grid_of(sweep)
     scaling = sweep.base.scaling
-    cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
     rng = random.Random(sweep.search.seed)
     trials = trial_count(sweep)
     return {
@@ -62,7 +59,8 @@ def validation_report(sweep: Sweep, nodes: list[dict[str, float]], strict: bool 
         "grid_points": len(grid),
         "resources_per_trial": {"workers": scaling.num_workers, "cpus_per_worker": scaling.cpus_per_worker,
                                 "gpus_per_worker": scaling.gpus_per_worker if scaling.use_gpu else 0},
-        "trials_at_once": min(trials_at_once(sweep, cpus, gpus), sweep.search.max_concurrent_trials or 10**9),
+        "trials_at_once": min(trials_at_once(sweep, capacity), sweep.search.max_concurrent_trials or 10**9),
+        "sized_against": capacity.source,
         "samples": [sample(sweep, rng, grid[i % len(grid)] if grid else {}) for i in range(min(samples, trials))],
         "notes": notes,
     }
@@ -83,20 +81,27 @@ def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str,
     return drawn
 
 
-def local_nodes() -> list[dict[str, float]]:
-    return [{"CPU": float(os.cpu_count() or 1), "GPU": 0.0}]
+def sized_to_fit(sweep: Sweep, address: str | None, cluster_config: str | None) -> Capacity:
+    """What the trials are sized against once Ray is connected, checked: a cluster's node types
+    or its nodes alive (a line says so when no config was found), or this process's own
+    local cluster."""
+    from .resources import nodes_alive
 
-
-def cluster_nodes() -> list[dict[str, float]]:
-    import ray
-
-    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    joined = address or os.environ.get("RAY_ADDRESS")
+    capacity, note = cluster_capacity(cluster_config) if joined else (
+        from_cluster_config(cluster_config) if cluster_config else nodes_alive(), None)
+    check_fits(sweep, capacity)
+    if note:
+        console.say(f"detsweep: {note}")
+    return capacity
 
 
 def launch(sweep: Sweep, address: str | None = None, register: bool = True,
-           tags: dict[str, str] | None = None, callbacks: list | None = None) -> dict[str, Any]:
+           tags: dict[str, str] | None = None, callbacks: list | None = None,
+           cluster_config: str | None = None) -> dict[str, Any]:
     """Run the sweep to the end; returns the ``detsweep launch --json`` object. ``tags``: more
-    tags for its MLflow run (a fine-tuning sweep's source); ``callbacks``: more Ray Tune callbacks."""
+    tags for its MLflow run (a fine-tuning sweep's source); ``callbacks``: more Ray Tune callbacks;
+    ``cluster_config``: the cluster's config file (its node types size the trials)."""
     from detsweep.tracking import check_backend, open_sweep_run, resolve_backend, trial_environment
     from detsweep.trainables.trainer import check_inputs
 
@@ -105,20 +110,21 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     from .tuner import build_tuner
 
     check_storage(sweep.storage, f"{sweep.path}: storage")
+    if cluster_config:  # refused before Ray starts
+        check_fits(sweep, from_cluster_config(cluster_config))
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
     summaries, _ = check_inputs(sweep.base, str(sweep.path))
     for line in summaries:
         console.say(line)
     connect(address, env=trial_environment())
-    nodes = cluster_nodes()
-    check_resources(sweep, nodes)
-    fits = trials_at_once(sweep, sum(n.get("CPU", 0) for n in nodes), sum(n.get("GPU", 0) for n in nodes))
+    capacity = sized_to_fit(sweep, address, cluster_config)
+    fits = trials_at_once(sweep, capacity)
     path = save_sweep(sweep)
     console.keep_log_in(path, f"launch-{time.strftime('%Y%m%d-%H%M%S')}.log")
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
-    progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps)
+    progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps, capacity=capacity)
     try:
         build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])]).fit()
     finally:
@@ -127,7 +133,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
 
 
 def resume(name_or_path: str, address: str | None = None, retry_errored: bool = False,
-           register: bool = True) -> dict[str, Any]:
+           register: bool = True, cluster_config: str | None = None) -> dict[str, Any]:
     """Finish an interrupted sweep: unfinished trials continue from their last checkpoints,
     finished ones are not run again; errored ones too with ``retry_errored``. The trials keep
     writing to the MLflow runs they had."""
@@ -148,11 +154,13 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
                             "cannot restore its bracket; launch the sweep again")
     if not tune.Tuner.can_restore(path):
         raise DetsweepError(f"{name_or_path}: {path} holds no Tune experiment state to resume from")
+    if cluster_config:  # refused before Ray starts
+        check_fits(sweep, from_cluster_config(cluster_config))
     link = stored_run_link(path)
     check_backend(backend_of(link))
     console.keep_log_in(path, f"resume-{time.strftime('%Y%m%d-%H%M%S')}.log")
     connect(address, env=trial_environment())
-    check_resources(sweep, cluster_nodes())
+    sized_to_fit(sweep, address, cluster_config)
     reopen_sweep_run(link)
     tune.Tuner.restore(path, trainable(), resume_errored=retry_errored).fit()
     return finish(path, sweep, link, register)

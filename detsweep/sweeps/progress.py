@@ -19,7 +19,11 @@ from detsweep.errors import failure_reason
 from detsweep.tracking.sweep_run import TrialStatus
 from detsweep.trainables.trial import swept_values
 
+from .resources import Capacity, nodes_wanted
+
 REDRAW_EVERY_S = 0.5  # Tune calls on_step_end many times a second; the table changes per report
+MEMORY = ("memory", "object_store_memory")
+WAITS_EVERY_S = 2.0  # how often the cluster is asked for workers that wait to be placed
 
 
 def short(value: Any) -> str:
@@ -38,12 +42,29 @@ def latest_error(trial) -> str | None:
     return trial.get_error()
 
 
+def waiting_bundles() -> dict[str, list[dict[str, float]]]:
+    """The placement groups that wait for resources (Ray Train's worker groups before their
+    nodes are up), by id: the CPUs, GPUs and custom resources each of their workers asks for
+    (a trial's own process asks for memory only, which every node has)."""
+    from ray.util import placement_group_table
+
+    waiting = {}
+    for group, info in placement_group_table().items():
+        if info["state"] in ("PENDING", "RESCHEDULING"):
+            bundles = [{name: amount for name, amount in bundle.items() if amount and name not in MEMORY}
+                       for bundle in info["bundles"].values()]
+            waiting[group] = [bundle for bundle in bundles if bundle]
+    return waiting
+
+
 class SweepProgress(tune.Callback):
     """One line when a trial starts, reports, ends or fails; the table live on a terminal,
-    else every ``table_every_s``. ``close`` ends the live table (the sweep's end does too)."""
+    else every ``table_every_s``. ``close`` ends the live table (the sweep's end does too).
+    With the cluster's ``capacity``, a line when trials' workers wait for nodes, saying how many
+    of which type the autoscaler has to start."""
 
     def __init__(self, paths: list[str], metric: str, num_steps: int, stream: TextIO | None = None,
-                 table_every_s: float = 60.0, live: bool | None = None):
+                 table_every_s: float = 60.0, live: bool | None = None, capacity: Capacity | None = None):
         self.paths = paths
         self.metric = metric
         self.num_steps = num_steps
@@ -53,6 +74,10 @@ class SweepProgress(tune.Callback):
         self._last_table = time.monotonic()
         self._started = time.monotonic()
         self._display = None  # rich's Live, started with the first event; never pickled with the callback
+        self.capacity = capacity
+        self._waiting: dict[str, list] = {}  # the groups seen waiting at the last look
+        self._said_waiting: str | None = None
+        self._last_look = time.monotonic()
 
     def __getstate__(self) -> dict:  # Tune pickles its callbacks into the experiment's state (a resume
         # unpickles them and writes to its own terminal)
@@ -103,6 +128,9 @@ class SweepProgress(tune.Callback):
         self._redraw(trials)
 
     def on_step_end(self, iteration, trials, **info) -> None:
+        if self.capacity is not None and time.monotonic() - self._last_look >= WAITS_EVERY_S:
+            self._last_look = time.monotonic()
+            self._say_waits()
         every = REDRAW_EVERY_S if self.live else self.table_every_s
         if time.monotonic() - self._last_table >= every:
             self._last_table = time.monotonic()
@@ -110,6 +138,23 @@ class SweepProgress(tune.Callback):
                 self._redraw(trials)
             else:
                 self._print(self.table(trials))
+
+    def _say_waits(self) -> None:
+        """Workers waiting at two looks in a row (a placement takes milliseconds when the nodes
+        are there): one line, again only when what is awaited changes."""
+        waiting = waiting_bundles()
+        bundles = [bundle for group, found in waiting.items() if group in self._waiting for bundle in found]
+        self._waiting = waiting
+        if not bundles:
+            self._said_waiting = None
+            return
+        wanted = nodes_wanted(self.capacity, bundles) if self.capacity.autoscales else None
+        line = (f"waiting for {wanted[0]} node{'s' * (wanted[0] > 1)} of type {wanted[1]} for {len(bundles)} "
+                "trial worker(s): the autoscaler starts them" if wanted else
+                f"waiting for {len(bundles)} trial worker(s) that no node alive has room for")
+        if line != self._said_waiting:
+            self._print(line)
+            self._said_waiting = line
 
     def on_experiment_end(self, trials, **info) -> None:
         self.close()

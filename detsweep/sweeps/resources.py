@@ -1,6 +1,22 @@
-"""What one trial occupies on a Ray cluster, and how many trials fit side by side."""
+"""What one trial occupies on a Ray cluster, what the cluster holds or can grow to, and how
+many trials fit side by side.
+
+A cluster that autoscales is sized by its node types, as the autoscaler reads them from the
+cluster config (``ray up`` writes it to ``~/ray_bootstrap_config.yaml`` on the head, with
+every type's resources filled in): a trial that fits a type with no node up yet is launched,
+and the autoscaler starts nodes for it. A cluster started by hand is sized by its nodes alive.
+"""
 
 from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from detsweep.errors import DetsweepError
 
 from .spec import Sweep
 
@@ -8,14 +24,151 @@ from .spec import Sweep
 # fraction would keep the last worker of a full node from starting). Tune refuses an empty
 # request, so it asks for a little memory instead.
 TRIAL_DRIVER = {"CPU": 0, "memory": 64 * 1024**2}
+# Where ``ray up`` leaves the cluster config on the head: the one its autoscaler runs on.
+BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
+ALIVE = "the nodes alive"
 
 
-def trials_at_once(sweep: Sweep, cpus: float, gpus: float) -> int:
-    """How many trials the cluster fits side by side, from each trial's Ray Train workers and,
-    with ``train.evaluation: async``, its evaluation task (one worker's resources)."""
+@dataclass(frozen=True)
+class NodeType:
+    name: str
+    resources: dict[str, float]  # one node's: CPU, GPU, and any custom resource
+    count: int  # how many such nodes the cluster can have at once (alive: how many are up)
+    head: bool = False  # the head itself, which a config's max_workers does not count
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The nodes trials are sized against: a cluster config's node types at their most, or the
+    nodes alive. ``source`` names it in messages: ``ray_cluster.yaml``, ``the nodes alive``."""
+
+    types: tuple[NodeType, ...]
+    source: str
+    max_workers: int | None = None  # the config's bound on worker nodes of every type together
+
+    @property
+    def autoscales(self) -> bool:
+        return self.max_workers is not None
+
+
+def worker_request(sweep: Sweep) -> dict[str, float]:
+    """One Ray Train worker's resources, as ``trainables.trainer.ray_scaling`` asks for them."""
     scaling = sweep.base.scaling
-    workers = scaling.num_workers + (sweep.base.train.evaluation == "async")
-    fits = [(cpus + 1e-9) // (workers * scaling.cpus_per_worker)]
-    if scaling.use_gpu and scaling.gpus_per_worker:
-        fits.append(gpus // (workers * scaling.gpus_per_worker))
-    return max(0, int(min(fits)))
+    request = {"CPU": float(scaling.cpus_per_worker)}
+    if scaling.use_gpu:
+        request["GPU"] = float(scaling.gpus_per_worker)
+    return request
+
+
+def workers_per_trial(sweep: Sweep) -> int:
+    """Its Ray Train workers and, with ``train.evaluation: async``, its evaluation task (one
+    worker's resources)."""
+    return sweep.base.scaling.num_workers + (sweep.base.train.evaluation == "async")
+
+
+def slots(node: dict[str, float], request: dict[str, float]) -> int:
+    """How many workers asking for ``request`` one node holds."""
+    return min((math.floor((node.get(name, 0.0) + 1e-9) / amount) for name, amount in request.items() if amount > 0),
+               default=10**9)
+
+
+def check_fits(sweep: Sweep, capacity: Capacity) -> None:
+    """Every Ray Train worker must fit on some node type (a trial waits forever otherwise)."""
+    request = worker_request(sweep)
+    if any(slots(kind.resources, request) for kind in capacity.types):
+        return
+    for name, field in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):
+        largest = max((kind.resources.get(name, 0.0) for kind in capacity.types), default=0.0)
+        if request.get(name, 0.0) > largest:
+            raise DetsweepError(f"{sweep.path}: base.scaling.{field}: found {request[name]:g}, "
+                                f"expected <= {largest:g} (the most {name}s {_any_node(capacity)} has{_hint(capacity)})")
+    shown = ", ".join(f"{name} {amount:g}" for name, amount in request.items())
+    raise DetsweepError(f"{sweep.path}: base.scaling: found a worker of {shown}, expected one that "
+                        f"{_any_node(capacity)} holds ({'; '.join(_described(kind) for kind in capacity.types)})")
+
+
+def _any_node(capacity: Capacity) -> str:
+    return f"any node type in {capacity.source}" if capacity.autoscales else \
+        "any node alive" if capacity.source == ALIVE else "any node"
+
+
+def _hint(capacity: Capacity) -> str:
+    return "; for the node types an autoscaler can add: --cluster-config FILE" if capacity.source == ALIVE else ""
+
+
+def trials_at_once(sweep: Sweep, capacity: Capacity) -> int:
+    """How many trials the cluster fits side by side once grown to its most nodes."""
+    request = worker_request(sweep)
+    per_node = sorted(((slots(kind.resources, request), kind.count, kind.head) for kind in capacity.types), reverse=True)
+    workers, nodes_left = 0, capacity.max_workers
+    for held, count, head in per_node:  # the config's bound on worker nodes spent on the types that hold most
+        taken = count if nodes_left is None or head else min(count, nodes_left)
+        workers += held * taken
+        nodes_left = nodes_left if nodes_left is None or head else nodes_left - taken
+    return workers // workers_per_trial(sweep)
+
+
+def nodes_wanted(capacity: Capacity, bundles: list[dict[str, float]]) -> tuple[int, str] | None:
+    """How many nodes of which type would hold ``bundles`` (workers waiting to be placed): the
+    first type of the config that holds one, as the autoscaler would add; None when none does."""
+    for kind in capacity.types:
+        held = min((slots(kind.resources, bundle) for bundle in bundles), default=0)
+        if held:
+            return math.ceil(len(bundles) / held), kind.name
+    return None
+
+
+def _described(kind: NodeType) -> str:
+    return f"{kind.name}: " + ", ".join(f"{name} {amount:g}" for name, amount in kind.resources.items()
+                                        if name in ("CPU", "GPU"))
+
+
+def this_machine() -> Capacity:
+    return Capacity((NodeType("this machine", {"CPU": float(os.cpu_count() or 1), "GPU": 0.0}, 1),), "this machine")
+
+
+def nodes_alive() -> Capacity:
+    import ray
+
+    alive = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    return Capacity(tuple(NodeType(f"node {i}", resources, 1) for i, resources in enumerate(alive)), ALIVE)
+
+
+def from_cluster_config(path: str | Path) -> Capacity:
+    """The node types of a Ray cluster config, each at its ``max_workers``, and the head,
+    bounded by the config's ``max_workers`` (which does not count the head)."""
+    where = str(path)
+    try:
+        config = yaml.safe_load(Path(path).expanduser().read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise DetsweepError(f"{where}: found no readable cluster config ({str(error).splitlines()[0]})") from None
+    types = config.get("available_node_types") if isinstance(config, dict) else None
+    if not isinstance(types, dict) or not types:
+        raise DetsweepError(f"{where}: available_node_types: found {types!r}, expected Ray's node types "
+                            "(a mapping of names to resources, min_workers and max_workers)")
+    head = config.get("head_node_type")
+    kinds = []
+    for name, kind in types.items():
+        resources = (kind or {}).get("resources")
+        if not isinstance(resources, dict) or not resources or not all(
+                isinstance(v, (int, float)) and v >= 0 for v in resources.values()):
+            raise DetsweepError(f"{where}: available_node_types.{name}.resources: found {resources!r}, expected "
+                                'what one node holds, e.g. {"CPU": 8, "GPU": 1}')
+        resources = {k: float(v) for k, v in resources.items()}
+        if name == head:
+            kinds.append(NodeType(name, resources, 1, head=True))
+        if int(kind.get("max_workers", 0) or 0):
+            kinds.append(NodeType(name, resources, int(kind["max_workers"])))
+    return Capacity(tuple(kinds), os.path.basename(where), max_workers=int(config.get("max_workers", 10**9)))
+
+
+def cluster_capacity(cluster_config: str | None) -> tuple[Capacity, str | None]:
+    """The capacity of the cluster this process is connected to: ``cluster_config`` if given,
+    else the config ``ray up`` left on this machine when it is the head, else the nodes alive
+    (with a line to say so: trials that need nodes the autoscaler would add are refused)."""
+    if cluster_config:
+        return from_cluster_config(cluster_config), None
+    if Path(BOOTSTRAP_CONFIG).expanduser().is_file():
+        return from_cluster_config(BOOTSTRAP_CONFIG), None
+    return nodes_alive(), ("sizing trials against the nodes alive now: no cluster config was found "
+                           f"({BOOTSTRAP_CONFIG} or --cluster-config FILE) to say what the cluster can grow to")

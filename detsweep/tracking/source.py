@@ -2,7 +2,8 @@
 
 - ``best:<experiment>``: the best trial's best checkpoint, ranked by the sweep's own metric;
 - ``run:<run_id>``: a trial's (or a fine-tune's) best checkpoint in MLflow;
-- ``checkpoint:<path>``: a detsweep checkpoint directory (a Ray results folder, say).
+- ``checkpoint:<path>``: a detsweep checkpoint directory (a Ray results folder, say), or its
+  URI in a bucket (``s3://…``, ``gs://…``: a sweep's storage).
 
 MLflow checkpoints are named by their artifact URI (``runs:/<run_id>/checkpoints/best``),
 which every node of a cluster can download; a copy is fetched here only to read it.
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from detsweep.checkpoints import check_checkpoint
+from detsweep.checkpoints import check_checkpoint, is_uri, local_folder
 from detsweep.errors import DetsweepError
 
 from .backend import Backend, check_readable
@@ -29,7 +30,7 @@ KINDS = ("best:", "run:", "checkpoint:")
 @dataclass(frozen=True)
 class CheckpointSource:
     spec: str  # what the user wrote
-    location: str  # a local directory, or runs:/<run_id>/checkpoints/best
+    location: str  # a local directory, a bucket's URI, or runs:/<run_id>/checkpoints/best
     run_id: str | None = None  # the MLflow run it comes from
     parent_run_id: str | None = None  # that run's sweep
     experiment_id: str | None = None
@@ -45,7 +46,7 @@ def resolve_source(spec: str, backend: Backend) -> CheckpointSource:
     if f"{kind}:" not in KINDS or not value:
         raise DetsweepError(f"--from: found {spec!r}, expected best:<experiment>, run:<run_id> or checkpoint:<path>")
     if kind == "checkpoint":
-        return local_source(spec, Path(value))
+        return local_source(spec, value if is_uri(value) else Path(value))
     check_readable(backend)
     from mlflow import MlflowClient
 
@@ -58,8 +59,10 @@ def resolve_source(spec: str, backend: Backend) -> CheckpointSource:
                             run.data.tags.get(PARENT_TAG), run.info.experiment_id)
 
 
-def local_source(spec: str, directory: Path) -> CheckpointSource:
-    return CheckpointSource(spec, str(check_checkpoint(directory, f"--from {spec}").resolve()))
+def local_source(spec: str, directory: str | Path) -> CheckpointSource:
+    """A checkpoint folder (made absolute) or a bucket's URI, as given."""
+    checked = check_checkpoint(directory, f"--from {spec}")
+    return CheckpointSource(spec, checked if isinstance(checked, str) else str(checked.resolve()))
 
 
 def get_run(client, run_id: str, backend: Backend):
@@ -88,9 +91,10 @@ def fetched(source: CheckpointSource, backend: Backend) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def local_copy(location: str, tracking_uri: str) -> Iterator[Path]:
-    """``location`` (a folder, or an MLflow artifact URI) as a local folder, for the block."""
+    """``location`` (a folder, a bucket's URI, or an MLflow artifact URI) as a local folder, for the block."""
     if not location.startswith("runs:/"):
-        yield Path(location)
+        with local_folder(location) as directory:
+            yield directory
         return
     from mlflow.artifacts import download_artifacts
 

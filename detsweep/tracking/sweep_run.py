@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 import detsweep
-from detsweep.checkpoints import read_step
+from detsweep.checkpoints import is_uri, local_folder, read_step
 
 from .backend import Backend
 from .trial_run import BEST_STEP_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
@@ -185,13 +185,13 @@ def end_trial_run(client, run, trial: dict[str, Any]) -> None:
 
 def upload_best_checkpoint(client, run_id: str, checkpoint: str) -> None:
     """A trial stopped by the scheduler is ended at once, its writer with it, maybe before its
-    best checkpoint reached MLflow; the driver uploads the one Tune kept for it."""
-
-    directory = Path(checkpoint)
-    if not directory.is_dir():  # in cloud storage: not read from here
+    best checkpoint reached MLflow; the driver uploads the one Tune kept for it (a folder, or
+    a bucket's URI)."""
+    if not is_uri(checkpoint) and not Path(checkpoint).is_dir():  # gone with its trial's folder
         return
-    client.log_artifacts(run_id, str(directory), "checkpoints/best")
-    client.set_tag(run_id, BEST_STEP_TAG, str(read_step(directory)))
+    with local_folder(checkpoint) as directory:
+        client.log_artifacts(run_id, str(directory), "checkpoints/best")
+        client.set_tag(run_id, BEST_STEP_TAG, str(read_step(directory)))
 
 
 def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]) -> str:

@@ -13,6 +13,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.queue import Queue
 
 from detsweep import console
+from detsweep.checkpoints import checkpoint_uri
 from detsweep.cluster import connect, run_folder
 from detsweep.config import ScalingConfig, TrialConfig
 from detsweep.errors import DetsweepError, failure_reason, stderr_held_back
@@ -71,7 +72,8 @@ def make_trainer(config: TrialConfig, name: str, reports: Queue, storage_path: s
                  settled: Queue | None = None, system_metrics: dict[str, str] | None = None) -> DataParallelTrainer:
     """``reports``: the queue this process reads the run's reports from (:mod:`.channel`);
     ``settled``: where it says it passed an evaluated step on (``train.evaluation: async``);
-    ``restore_from``: a checkpoint to start from when Ray Train has none of its own yet;
+    ``restore_from``: a checkpoint (a folder or a bucket's URI) to start from when Ray Train has
+    none of its own yet;
     ``pictures``: rank 0 draws its detections at every evaluation; ``startup``: the run's clock,
     started when the run was asked for; ``callbacks``: more of Ray Train's, in its controller;
     ``system_metrics``: the MLflow run each node's first worker logs the node's system metrics to.
@@ -211,7 +213,7 @@ def run_train(config: TrialConfig, name: str, address: str | None = None,
     def keep_last(metrics: dict, checkpoint) -> None:
         lines(metrics, checkpoint)
         last["metrics"] = metrics
-        last["checkpoint"] = checkpoint.path if checkpoint else last["checkpoint"]
+        last["checkpoint"] = checkpoint_uri(checkpoint) if checkpoint else last["checkpoint"]
 
     error = stream_training(config, name, storage_path, keep_last, startup=startup, notes=ConsoleNotes())
     if error:

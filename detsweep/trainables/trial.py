@@ -16,7 +16,7 @@ from typing import Any
 
 import ray.tune
 
-from detsweep.checkpoints import read_step
+from detsweep.checkpoints import checkpoint_uri, read_step
 from detsweep.config import TrialConfig, validate
 from detsweep.config.loader import get_path, plain, set_path
 from detsweep.errors import DetsweepError
@@ -66,12 +66,13 @@ def run_trial(tune_config: dict[str, Any]) -> None:
 
     def to_tune(metrics: dict, checkpoint) -> None:
         if metric in metrics:  # the evaluations: what schedulers and searchers decide on
-            reported = ray.tune.Checkpoint.from_directory(checkpoint.path) if checkpoint else None
+            # Tune's own class, on the same filesystem: a checkpoint in a bucket stays there.
+            reported = ray.tune.Checkpoint(checkpoint.path, checkpoint.filesystem) if checkpoint else None
             ray.tune.report(metrics, checkpoint=reported)
 
     try:
         reason = train_and_log(config, name, tune_config.get("storage"), run, to_tune,
-                               restore_from=restore.path if restore else None, startup=startup)
+                               restore_from=checkpoint_uri(restore) if restore else None, startup=startup)
     except BaseException:  # stopped by the scheduler or the sweep's end: the driver ends the run
         run.close()
         raise

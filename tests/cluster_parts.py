@@ -1,0 +1,165 @@
+"""The real parts a cluster uses, on loopback: an S3 API server (moto's standalone
+``moto_server``, as Ray's own storage tests use) and a Ray cluster whose worker nodes Ray's
+own autoscaler starts and stops (its ``fake_multinode`` provider: every node it adds is a
+real raylet on this machine). Each is started once and shared (``conftest.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bench.common import free_port
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach it, as a user's would to reach AWS: pyarrow and boto3
+        both read ``AWS_ENDPOINT_URL``; moto takes any credentials."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "detsweep-tests",
+                "AWS_SECRET_ACCESS_KEY": "detsweep-tests", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="detsweep-tests",
+                            aws_secret_access_key="detsweep-tests", region_name="us-east-1")
+
+    def new_bucket(self, name: str) -> str:
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+    def upload(self, folder: Path, bucket: str, prefix: str) -> str:
+        """Every file under ``folder`` to ``s3://bucket/prefix/…``; returns that URI."""
+        client = self.client()
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        return f"s3://{bucket}/{prefix}"
+
+
+@contextlib.contextmanager
+def s3_server(log: Path) -> Iterator[S3Server]:
+    port = free_port()
+    server = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        _wait_for(lambda: _answers(endpoint), 60, f"moto_server on port {port}")
+        yield S3Server(endpoint)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wait_for(ready, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up in {seconds:.0f} s")
+        time.sleep(0.5)
+
+
+WORKER_TYPE = "cpu_worker"
+
+
+def fake_cluster_config(port: int, idle_minutes: float = 0.1) -> dict:
+    """Shaped like ``ray_cluster.yaml``: a head that trains nothing (0 CPUs) and one worker
+    type started from zero, scaled to this machine (a CPU each, at most two)."""
+    commands = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+                "head_start_ray_commands", "worker_start_ray_commands")
+    return {
+        "cluster_name": "detsweep-tests", "max_workers": 2, "upscaling_speed": 1.0, "idle_timeout_minutes": idle_minutes,
+        # The provider joins the nodes it adds to the head at this GCS address (default: port 6379).
+        "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+                     "disable_launch_config_check": True, "gcs_address": f"127.0.0.1:{port}"},
+        "auth": {}, "docker": {},
+        "available_node_types": {
+            # The fake provider's head is of this type, whatever the config calls it.
+            "ray.head.default": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0},
+            WORKER_TYPE: {"resources": {"CPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 2},
+        },
+        "head_node_type": "ray.head.default",
+        "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+        "rsync_exclude": [], "rsync_filter": [], **{key: [] for key in commands},
+    }
+
+
+@dataclass(frozen=True)
+class AutoscalingCluster:
+    address: str
+    config: Path  # the cluster config its autoscaler runs on
+
+    def worker_nodes(self) -> list[dict]:
+        """The worker nodes alive (the head has no CPU), from the cluster's own State API."""
+        import ray
+
+        return [node for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0]
+
+
+@contextlib.contextmanager
+def autoscaling_cluster(folder: Path, env: dict[str, str]) -> Iterator[AutoscalingCluster]:
+    """``ray start --head --num-cpus=0 --autoscaling-config=…`` with the fake provider; every
+    process it starts, the nodes its autoscaler adds included, is in the command's session and
+    stopped with it at the end (``ray stop`` would stop every Ray cluster on the machine)."""
+    import ray
+
+    port = free_port()
+    config = folder / "cluster.yaml"
+    config.write_text(yaml.safe_dump(fake_cluster_config(port)))
+    # The autoscaler looks every 3 s: a node is seen to be missing a few seconds before it is added.
+    head_env = {**os.environ, **env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "3"}
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=0", f"--port={port}",
+                             "--node-ip-address=127.0.0.1", f"--autoscaling-config={config}", "--dashboard-port=0"],
+                            env=head_env, stdout=(folder / "head.log").open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        _wait_for(lambda: head.poll() is None and _gcs_up(port), 120, "the autoscaling cluster's head")
+        ray.shutdown()  # a test before may have left this process connected to a cluster of its own
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        yield AutoscalingCluster(address, config)
+    finally:
+        ray.shutdown()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+
+
+def _gcs_up(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,165 @@
+"""Sweeps on the cluster we ship, with the real parts on loopback: Ray's own autoscaler
+starting worker nodes from zero (the ``fake_multinode`` provider: real raylets), and results
+and data in an S3 bucket (moto's server). The autoscaling cluster is started once for this
+module, the S3 server once for the run (``conftest.s3``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .cluster_parts import WORKER_TYPE, AutoscalingCluster, autoscaling_cluster
+from .conftest import REPO, run_cli
+
+COCO_GPU = REPO / "sweeps" / "coco_gpu.yaml"
+CLUSTER_FILE = REPO / "ray_cluster.yaml"
+
+
+def coco_in_bucket(s3, tmp_path: Path, bucket: str = "my-bucket") -> None:
+    """A tiny COCO dataset at the four places ``coco_gpu.yaml`` names in its bucket."""
+    shapes = tmp_path / "shapes"
+    made = run_cli("data", "synth", "--out", str(shapes), "--num-images", "4", "--image-size", "64",
+                   "--classes", "2", "--seed", "1", timeout=120)
+    assert made.returncode == 0, made.stderr
+    s3.new_bucket(bucket)
+    for split in ("train2017", "val2017"):
+        s3.upload(shapes / "images", bucket, f"coco/{split}")
+        s3.client().upload_file(str(shapes / "annotations.json"), bucket, f"coco/annotations/instances_{split}.json")
+
+
+def test_the_shipped_sweep_is_sized_against_the_shipped_cluster_file_before_ray_up(s3, tmp_path):
+    """``validate --cluster-config``: the node types the autoscaler can start (eight GPU
+    workers of 8 CPUs and 1 GPU) size the trials, and the data is where the nodes will read it."""
+    coco_in_bucket(s3, tmp_path)
+    checked = run_cli("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE), "--json", env=s3.env, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    report = json.loads(checked.stdout)
+    # 8 GPU nodes, 2 single-GPU workers a trial; the 0-CPU head holds none
+    assert (report["trials_at_once"], report["sized_against"], report["notes"]) == (4, "ray_cluster.yaml", [])
+
+    def refused(*overrides: str) -> str:
+        result = run_cli("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE),
+                         *[arg for o in overrides for arg in ("--set", o)], env=s3.env, timeout=120)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        [line] = result.stderr.splitlines()
+        return line.removeprefix(f"detsweep: error: {COCO_GPU}: ")
+
+    assert refused("base.scaling.cpus_per_worker=16") == (
+        "base.scaling.cpus_per_worker: found 16, expected <= 8 (the most CPUs any node type in ray_cluster.yaml has)")
+    assert refused("base.scaling.gpus_per_worker=2") == (
+        "base.scaling.gpus_per_worker: found 2, expected <= 1 (the most GPUs any node type in ray_cluster.yaml has)")
+    assert refused("base.data.val.images=s3://my-bucket/coco/val2018") == (
+        "base.data.val.images: found 's3://my-bucket/coco/val2018', expected a file or folder there")
+    assert refused("base.data.val.images=s3://no-such-bucket/coco/val2017") == (
+        "base.data.val.images: found 's3://no-such-bucket/coco/val2017', expected a file or folder there")
+
+
+def test_a_cluster_file_whose_node_type_declares_no_resources_is_one_line(write):
+    config = yaml.safe_load(CLUSTER_FILE.read_text())
+    config["available_node_types"]["gpu_worker"]["resources"] = {}
+    cluster = write("cluster.yaml", yaml.safe_dump(config))
+    result = run_cli("validate", str(COCO_GPU), "--cluster-config", str(cluster), timeout=120)
+    assert (result.returncode, result.stderr) == (2, f"detsweep: error: {cluster}: available_node_types.gpu_worker."
+                                                     'resources: found {}, expected what one node holds, e.g. {"CPU": 8, '
+                                                     '"GPU": 1}\n')
+
+
+def test_trials_at_once_follow_what_the_cluster_can_grow_to_within_its_max_workers(write):
+    from detsweep.sweeps.resources import from_cluster_config, trials_at_once
+    from detsweep.sweeps.spec import load_sweep
+
+    config = yaml.safe_load(CLUSTER_FILE.read_text())
+    config["available_node_types"]["cpu_worker"] = {"resources": {"CPU": 16}, "min_workers": 0, "max_workers": 4,
+                                                    "node_config": {}}
+    sweep = load_sweep(COCO_GPU)
+    for max_workers, expected in ((8, 4), (3, 1), (12, 4)):  # GPU nodes first: the CPU type holds no GPU worker
+        config["max_workers"] = max_workers
+        assert trials_at_once(sweep, from_cluster_config(write("c.yaml", yaml.safe_dump(config)))) == expected
+    cpu_sweep = load_sweep(COCO_GPU, ["base.scaling.use_gpu=false"])  # 2 workers of 8 CPUs: 2 a CPU node, 1 a GPU node
+    config["max_workers"] = 12
+    assert trials_at_once(cpu_sweep, from_cluster_config(write("c.yaml", yaml.safe_dump(config)))) == (4 * 2 + 8) // 2
+
+
+# --- a cluster that autoscales from zero worker nodes ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def autoscaling(tmp_path_factory) -> Iterator[AutoscalingCluster]:
+    with autoscaling_cluster(tmp_path_factory.mktemp("autoscaling"), env={}) as cluster:
+        yield cluster
+
+
+def tiny_cluster_sweep(tmp_path: Path, name: str, search: str, storage: str | None = None,
+                       data: str = "{train: {num_images: 16}, val: {num_images: 8}}", num_steps: int = 10,
+                       every: int = 5) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"""
+name: {name}
+storage: {storage or tmp_path / "ray"}
+base:
+  from: {REPO / "configs" / "quickstart.yaml"}
+  data: {data}
+  train: {{num_steps: {num_steps}, steps_per_loop: {every}, eval_every: {every}, checkpoint_every: {every}}}
+  optimizer:
+    learning_rate: {{total_steps: {num_steps}, warmup_steps: 2, warmup_learning_rate: 0.00001}}
+search:
+{search}
+""")
+    return path
+
+
+def wait_until(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} after {seconds:.0f} s"
+        time.sleep(1)
+
+
+TWO_TRIALS = """  metric: train/loss
+  mode: min
+  num_samples: 2
+  space:
+    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_sweep_on_a_cluster_that_autoscales_from_zero_waits_for_its_nodes_runs_and_they_go_away(
+        autoscaling, tmp_path):
+    """The head trains nothing and no worker node is up: ``launch`` on the head (where ``ray
+    up`` leaves the cluster config as ``~/ray_bootstrap_config.yaml``) sizes the sweep by the
+    worker type, says what it waits for while the autoscaler adds nodes, runs both trials at
+    once on two new nodes, and the nodes go away once idle. Without a cluster config the
+    nodes alive are all there is: the sweep is refused in one line, nothing started."""
+    wait_until(lambda: not autoscaling.worker_nodes(), 120, "worker nodes still up from an earlier test")
+    sweep = tiny_cluster_sweep(tmp_path, "autoscaled", TWO_TRIALS)
+    head_home = tmp_path / "head-home"
+    head_home.mkdir()
+    (head_home / "ray_bootstrap_config.yaml").write_text(autoscaling.config.read_text())
+
+    refused = run_cli("launch", str(sweep), "--address", autoscaling.address, cwd=tmp_path, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr == (f"detsweep: error: {sweep}: base.scaling.cpus_per_worker: found 1, expected <= 0 (the "
+                              "most CPUs any node alive has; for the node types an autoscaler can add: "
+                              "--cluster-config FILE)\n")
+    assert not (tmp_path / "ray").exists() and not autoscaling.worker_nodes()
+
+    result = run_cli("launch", str(sweep), "--address", autoscaling.address, "--json", cwd=tmp_path,
+                     env={"HOME": str(head_home)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert [trial["status"] for trial in report["trials"]] == ["TERMINATED", "TERMINATED"]
+    assert all(trial["metrics"]["step"] == 10 for trial in report["trials"])
+    waits = [line for line in result.stderr.splitlines() if line.startswith("waiting for ")]
+    assert waits and all(line.endswith("trial worker(s): the autoscaler starts them") for line in waits), result.stderr
+    assert any(f"node of type {WORKER_TYPE} " in line or f"nodes of type {WORKER_TYPE} " in line for line in waits)
+    # both trials ran side by side: two nodes of one CPU, as the config lets the cluster grow
+    starts = [line for line in result.stderr.splitlines() if " started: " in line]
+    first_report = next(i for i, line in enumerate(result.stderr.splitlines()) if " step 5/10" in line)
+    assert len(starts) == 2 and all(result.stderr.splitlines().index(line) < first_report for line in starts)
+    wait_until(lambda: not autoscaling.worker_nodes(), 120, "the idle worker nodes were not removed")
