@@ -38,6 +38,22 @@ def run_folder(storage: str | None, name: str) -> str:
     return str(Path(storage or RAY_RESULTS).expanduser() / name)
 
 
+def remove_run_folders(storage: str | None, prefix: str) -> None:
+    """Delete the Ray Train runs whose names start with ``prefix`` (folders, or a bucket's
+    prefixes), runs that have ended."""
+    import pyarrow.fs
+
+    root = run_folder(storage, "")
+    try:
+        filesystem, path = pyarrow.fs.FileSystem.from_uri(root if "://" in root else os.path.abspath(root))
+        found = filesystem.get_file_info(pyarrow.fs.FileSelector(path.rstrip("/"), allow_not_found=True))
+        for info in found:
+            if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith(prefix):
+                filesystem.delete_dir(info.path)
+    except (OSError, ValueError) as error:  # gone already, or the store refused: it only costs space
+        logging.getLogger(__name__).warning("could not delete the Ray Train runs %s*: %s", prefix, error)
+
+
 def check_storage(storage: str | None, where: str = "--storage") -> None:
     """A results folder this machine cannot make, or a bucket that does not exist or cannot be
     read, is refused before anything starts: Ray would fail once the cluster is up."""

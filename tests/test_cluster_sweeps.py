@@ -6,6 +6,7 @@ module, the S3 server once for the run (``conftest.s3``)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,3 +164,172 @@ def test_a_sweep_on_a_cluster_that_autoscales_from_zero_waits_for_its_nodes_runs
     first_report = next(i for i, line in enumerate(result.stderr.splitlines()) if " step 5/10" in line)
     assert len(starts) == 2 and all(result.stderr.splitlines().index(line) < first_report for line in starts)
     wait_until(lambda: not autoscaling.worker_nodes(), 120, "the idle worker nodes were not removed")
+
+
+# --- bounded checkpoints that PBT can still use -----------------------------------------
+
+
+@pytest.mark.timeout(400)
+def test_pbt_exploits_a_checkpoint_older_than_its_donors_newest_and_the_bucket_keeps_a_bounded_number(s3, tmp_path):
+    """Real Tune PBT with detsweep's retention on a bucket (``tests/pbt_retention_probe.py``:
+    checkpoints of a few bytes, so that only the bookkeeping is tested): the slow trial
+    exploits the checkpoint the fast one had at its last perturbation after the fast one had
+    written newer ones, and restores from it; each trial keeps the window PBT needs, not
+    every checkpoint it wrote."""
+    import collections
+    import sys
+
+    from .conftest import run_bounded
+    from .pbt_retention_probe import STEPS, WINDOW
+
+    bucket = s3.new_bucket("pbt-retention")
+    log = tmp_path / "reports.jsonl"
+    probe = run_bounded([sys.executable, "-m", "tests.pbt_retention_probe", f"s3://{bucket}/tune", str(log)],
+                        cwd=REPO, env={**os.environ, **s3.env}, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert "could not delete" not in probe.stderr
+    reports = [json.loads(line) for line in log.read_text().splitlines()]
+    exploits = [(row, row["restored"]) for row in reports
+                if row["restored"] and row["restored"]["owner"] != row["trial"]]
+    assert exploits, "no trial exploited another"
+    row, source = exploits[0]
+    donor_had = max(r["step"] for r in reports if r["trial"] == source["owner"] and r["at"] < row["at"])
+    assert donor_had > source["step"], (donor_had, source)  # newer ones were written before it was read
+    assert row["step"] == source["step"] + 1
+
+    written = collections.Counter(r["trial"] for r in reports)
+    left = collections.Counter(key.split("/")[2] for key in s3.keys(bucket, "tune/pbt/") if key.endswith("/state.json"))
+    assert len(left) == 2 and written[row["trial"]] < STEPS <= written[source["owner"]]  # one skipped ahead
+    # the window, the best, and at most a checkpoint another trial's restart refers to
+    assert all(count <= WINDOW + 3 for count in left.values()), (left, written)
+    assert sum(left.values()) * 3 < sum(written.values())
+
+
+# --- data and results in a bucket ---------------------------------------------------------
+
+
+PBT_TWO_TRIALS = """  metric: train/loss
+  mode: min
+  num_samples: 2
+  seed: 3
+  scheduler:
+    type: pbt
+    perturbation_interval: 10
+    mutations:
+      optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
+  space:
+    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
+"""
+
+
+def shapes_in_bucket(s3, tmp_path: Path, bucket: str) -> str:
+    """A synthetic COCO dataset that exists only in the bucket; its prefix's URI."""
+    shapes = tmp_path / "shapes"
+    made = run_cli("data", "synth", "--out", str(shapes), "--num-images", "16", "--image-size", "128",
+                   "--classes", "3", "--seed", "1", timeout=120)
+    assert made.returncode == 0, made.stderr
+    uri = s3.upload(shapes, bucket, "datasets/shapes")
+    import shutil
+
+    shutil.rmtree(shapes)
+    return uri
+
+
+@pytest.mark.timeout(900)
+def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_read_back_from_it(s3, tmp_path):
+    """Data, Tune's state and every checkpoint in the bucket: the sweep finishes, its best
+    checkpoint is a bucket URI that ``status``, registration and ``export --from checkpoint:``
+    read, each trial's checkpoints are bounded, and no Ray Train run is left beside it."""
+    bucket = s3.new_bucket("sweeps")
+    data = shapes_in_bucket(s3, tmp_path, bucket)
+    dataset = f"{{format: coco, annotations: {data}/annotations.json, images: {data}/images}}"
+    sweep = tiny_cluster_sweep(tmp_path, "pbt_bucket", PBT_TWO_TRIALS, storage=f"s3://{bucket}/ray",
+                               data=f"{{train: {dataset}, val: {dataset}}}", num_steps=30)
+    env = {**s3.env, "DETSWEEP_DATA_CACHE": str(tmp_path / "node-cache")}
+    result = run_cli("launch", str(sweep), "--json", cwd=tmp_path, env=env, timeout=700)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["path"] == f"s3://{bucket}/ray/pbt_bucket"
+    assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"], report["trials"]
+    assert all(t["metrics"]["step"] == 30 and t["checkpoint"].startswith(f"s3://{bucket}/ray/pbt_bucket/trial_")
+               for t in report["trials"])
+    assert "16 images" in result.stderr and report["mlflow"]["registered_model"]["version"] == 1
+    assert (tmp_path / "node-cache" / "s3" / bucket / "datasets" / "shapes" / "images").is_dir()  # read from there
+
+    status = run_cli("status", report["path"], "--json", cwd=tmp_path, env=s3.env, timeout=120)
+    assert status.returncode == 0 and json.loads(status.stdout)["best"]["checkpoint"] == report["best"]["checkpoint"]
+    keys = s3.keys(bucket, "ray/")
+    assert {key.split("/")[1] for key in keys} - {""} == {"pbt_bucket"}, "a Ray Train run was left in the storage"
+    per_trial = {}
+    for key in keys:
+        if "/checkpoint_" in key and key.endswith("/meta.json"):
+            per_trial[key.split("/")[2]] = per_trial.get(key.split("/")[2], 0) + 1
+    # 6 evaluations each; the window (10 + 5 + 5 steps) holds 5, with the best and a donor's: at most 6
+    assert len(per_trial) == 2 and all(count <= 6 for count in per_trial.values()), per_trial
+
+    exported = run_cli("export", "--from", f"checkpoint:{report['best']['checkpoint']}", "--format", "saved_model",
+                       "--out", str(tmp_path / "exported"), cwd=tmp_path, env=s3.env, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert (tmp_path / "exported" / "saved_model.pb").is_file()
+    missing = run_cli("export", "--from", f"checkpoint:s3://{bucket}/ray/nothing", "--format", "saved_model",
+                      "--out", str(tmp_path / "none"), cwd=tmp_path, env=s3.env, timeout=120)
+    assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
+                                                       f"s3://{bucket}/ray/nothing is not a detsweep checkpoint (expected "
+                                                       "config.yaml and ckpt.index in it)\n")
+
+
+@pytest.mark.timeout(900)
+def test_a_sweep_in_a_bucket_interrupted_is_resumed_from_the_bucket_alone(s3, tmp_path):
+    """The driver killed after its first checkpoint reached the bucket; nothing of its machine
+    is used again (another folder, an empty data cache): ``resume`` of the bucket's URI
+    finishes the trial from that checkpoint. A bucket that does not exist is one line."""
+    import subprocess
+    import sys
+
+    from .conftest import cli_environment, kill_session
+
+    bucket = s3.new_bucket("interrupted")
+    data = shapes_in_bucket(s3, tmp_path, bucket)
+    dataset = f"{{format: coco, annotations: {data}/annotations.json, images: {data}/images}}"
+    one_trial = "  metric: train/loss\n  mode: min\n  num_samples: 1\n"
+    sweep = tiny_cluster_sweep(tmp_path, "cut", one_trial, storage=f"s3://{bucket}/ray",
+                               data=f"{{train: {dataset}, val: {dataset}}}", num_steps=30, every=10)
+
+    nowhere = run_cli("launch", str(sweep), "--set", "storage=s3://no-such-bucket/ray", cwd=tmp_path, env=s3.env,
+                      timeout=120)
+    assert (nowhere.returncode, nowhere.stderr) == (2, f"detsweep: error: {sweep}: storage: found "
+                                                       "'s3://no-such-bucket/ray', expected an existing bucket (there "
+                                                       "is no bucket 'no-such-bucket')\n")
+    assert not (tmp_path / "mlflow.db").exists()  # before MLflow or Ray started
+
+    first = tmp_path / "first-machine"
+    first.mkdir()
+    env = {**s3.env, "DETSWEEP_DATA_CACHE": str(first / "cache")}
+    driver = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep)], cwd=first,
+                              env=cli_environment(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    state = b"checkpoint_000000".hex()
+    try:
+        wait_until(lambda: any(state in s3.client().get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+                               for key in s3.keys(bucket, "ray/cut/") if "experiment_state" in key),
+                   400, "no checkpoint reached Tune's state in the bucket")
+    finally:
+        kill_session(driver)
+    driver.wait()
+    killed_at = time.time()
+    import shutil
+
+    shutil.rmtree(first / "cache")  # the machine's copy of the data, and its logs, are gone
+    shutil.rmtree(first / "logs", ignore_errors=True)
+
+    second = tmp_path / "second-machine"
+    second.mkdir()
+    resumed = run_cli("resume", f"s3://{bucket}/ray/cut", "--json", "--no-register", cwd=second,
+                      env={**s3.env, "DETSWEEP_DATA_CACHE": str(second / "cache")}, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    [trial] = json.loads(resumed.stdout)["trials"]
+    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 30
+    results = [json.loads(line) for line in s3.client().get_object(
+        Bucket=bucket, Key=f"ray/cut/trial_{trial['trial_id']}/result.json")["Body"].read().decode().splitlines()]
+    after = [row["step"] for row in results if row["timestamp"] >= killed_at]
+    assert after and after[0] > 10, after  # it went on from the checkpoint in the bucket, not from step 0

@@ -11,12 +11,12 @@ from dataclasses import asdict
 from typing import Any
 
 from detsweep import console
-from detsweep.cluster import check_storage, connect
+from detsweep.cluster import check_storage, connect, remove_run_folders
 from detsweep.config.loader import plain
 from detsweep.errors import DetsweepError
 from detsweep.tracking.sweep_run import TrialStatus
 
-from .experiment import as_run, find_experiment, read_outcomes, save_sweep, stored_run_link
+from .experiment import as_run, find_experiment, read_outcomes, save_sweep, storage_path, stored_run_link
 from .resources import Capacity, check_fits, cluster_capacity, from_cluster_config, trials_at_once
 from .spec import Sweep, grid_of, trial_count
 
@@ -174,6 +174,7 @@ def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
     from .space import swept_paths
 
     report = summary(path, sweep)
+    remove_run_folders(storage_path(sweep), f"{sweep.name}-train-")  # those of trials stopped mid-run
     run_ids = close_sweep_run(link, report, swept_paths(sweep))
     for trial in report["trials"]:
         trial["mlflow_run_id"] = run_ids.get(trial["trial_id"])

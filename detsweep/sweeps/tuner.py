@@ -23,6 +23,7 @@ from detsweep.trainables.trial import run_trial
 
 from .experiment import storage_path
 from .resources import TRIAL_DRIVER
+from .retention import KeepCheckpoints
 from .space import swept_paths
 from .spec import Sweep, grid_of, in_reports, reports_every, trial_count
 from .trial_files import result_files
@@ -255,13 +256,23 @@ class _Pauses:
 
 
 def checkpoint_config(sweep: Sweep) -> tune.CheckpointConfig:
-    """The two best checkpoints of each trial by the metric; under PBT all of them, because an
-    exploit copies the checkpoint the donor had when it last ranked on top, which may be
-    neither its best nor its latest by then."""
+    """The two best checkpoints of each trial by the metric; under PBT, Tune deletes none and
+    :func:`retention` does, since an exploit copies the checkpoint the donor had when it last
+    ranked on top, which may be neither its best nor its latest by then."""
     if sweep.search.scheduler.type == "pbt":
         return tune.CheckpointConfig(num_to_keep=None)
     return tune.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute=sweep.search.metric,
                                  checkpoint_score_order=sweep.search.mode)
+
+
+def retention(sweep: Sweep) -> list[tune.Callback]:
+    """Under PBT, what bounds each trial's checkpoints without deleting one an exploit may still
+    read (:mod:`.retention`)."""
+    if sweep.search.scheduler.type != "pbt":
+        return []
+    train = sweep.base.train
+    window = sweep.search.scheduler.perturbation_interval + train.checkpoint_every + reports_every(train, sweep.search.metric)
+    return [KeepCheckpoints(sweep.search.metric, sweep.search.mode, window)]
 
 
 def trial_name(trial) -> str:
@@ -295,7 +306,7 @@ def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks:
             trial_name_creator=trial_name, trial_dirname_creator=trial_name, reuse_actors=runs is not None,
         ),
         run_config=tune.RunConfig(
-            name=sweep.name, storage_path=storage_path(sweep), verbose=0, callbacks=[*result_files(), *(callbacks or [])],
+            name=sweep.name, storage_path=storage_path(sweep), verbose=0, callbacks=[*result_files(), *retention(sweep), *(callbacks or [])],
             checkpoint_config=checkpoint_config(sweep),
         ),
     )

@@ -17,6 +17,7 @@ from typing import Any
 import ray.tune
 
 from detsweep.checkpoints import checkpoint_uri, read_step
+from detsweep.cluster import remove_run_folders
 from detsweep.config import TrialConfig, validate
 from detsweep.config.loader import get_path, plain, set_path
 from detsweep.errors import DetsweepError
@@ -61,7 +62,8 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     # A new Ray Train run at every start: one with the same name would resume from its own
     # latest checkpoint, not from the one Tune hands over (PBT's exploit must win).
     started = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{context.get_experiment_name()}-train-{context.get_trial_id()}-{started}"
+    runs = f"{context.get_experiment_name()}-train-{context.get_trial_id()}-"
+    name = f"{runs}{started}"
     metric = tune_config["search"]["metric"]
 
     def to_tune(metrics: dict, checkpoint) -> None:
@@ -76,6 +78,12 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     except BaseException:  # stopped by the scheduler or the sweep's end: the driver ends the run
         run.close()
         raise
+    finally:
+        # Tune copied every checkpoint it was handed into the trial's folder, and a trial that
+        # starts again (PBT, a resumed sweep) starts a new Ray Train run from one of those: the
+        # trial's runs would only pile up in the storage, one a start. A trial stopped by its
+        # process's end gets here only on its next start, or at the sweep's end (``finish``).
+        remove_run_folders(tune_config.get("storage"), runs)
     run.finish(error=reason)
     if reason:
         raise TrialFailed(reason)
