@@ -90,8 +90,9 @@ def test_trials_at_once_follow_what_the_cluster_can_grow_to_within_its_max_worke
 
 
 @pytest.fixture(scope="module")
-def autoscaling(tmp_path_factory) -> Iterator[AutoscalingCluster]:
-    with autoscaling_cluster(tmp_path_factory.mktemp("autoscaling"), env={}) as cluster:
+def autoscaling(tmp_path_factory, s3) -> Iterator[AutoscalingCluster]:
+    """Its nodes reach the S3 server as a cluster's nodes reach their region's S3."""
+    with autoscaling_cluster(tmp_path_factory.mktemp("autoscaling"), env=s3.env) as cluster:
         yield cluster
 
 
@@ -333,3 +334,76 @@ def test_a_sweep_in_a_bucket_interrupted_is_resumed_from_the_bucket_alone(s3, tm
         Bucket=bucket, Key=f"ray/cut/trial_{trial['trial_id']}/result.json")["Body"].read().decode().splitlines()]
     after = [row["step"] for row in results if row["timestamp"] >= killed_at]
     assert after and after[0] > 10, after  # it went on from the checkpoint in the bucket, not from step 0
+
+
+# --- a node lost mid-trial ----------------------------------------------------------------
+
+
+def actors_of(class_name: str) -> list:
+    from ray.util.state import list_actors
+
+    return list_actors(filters=[("class_name", "=", class_name)], detail=True, raise_on_missing_output=False)
+
+
+def kill_raylet(node_id: str) -> None:
+    """SIGKILL the raylet of ``node_id``, as a reclaimed spot instance vanishes: its workers go
+    with it, and the cluster learns of it from missed health checks."""
+    import psutil
+
+    [raylet] = [process for process in psutil.process_iter(["cmdline"])
+                if f"--node_id={node_id}" in (process.info["cmdline"] or [])]
+    raylet.kill()
+
+
+@pytest.mark.timeout(900)
+def test_a_worker_node_lost_mid_trial_is_replaced_and_the_trial_ends_at_its_last_step_from_the_bucket(
+        autoscaling, s3, tmp_path):
+    """The node that holds the trial's training worker is killed once a checkpoint is in the
+    bucket. The trial's own process and Ray Train's controller run on the head (the trial asks
+    for the head's own resource), so the node took only the worker: Ray Train restarts it
+    from that checkpoint on a node the autoscaler adds, the trial ends at exactly num_steps,
+    and MLflow has each step once."""
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+    from ray.util.state import list_placement_groups
+
+    from .conftest import cli_environment, kill_session
+
+    wait_until(lambda: not autoscaling.worker_nodes(), 120, "worker nodes still up from an earlier test")
+    bucket = s3.new_bucket("spot")
+    one_trial = "  metric: train/loss\n  mode: min\n  num_samples: 1\n"
+    sweep = tiny_cluster_sweep(tmp_path, "spot", one_trial, storage=f"s3://{bucket}/ray", num_steps=40, every=10)
+    head_home = tmp_path / "head-home"
+    head_home.mkdir()
+    (head_home / "ray_bootstrap_config.yaml").write_text(autoscaling.config.read_text())
+    out = (tmp_path / "launch.json").open("w")
+    launch = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--address", autoscaling.address,
+                               "--json", "--no-register"], cwd=tmp_path, stdout=out, stderr=subprocess.PIPE, text=True,
+                              env=cli_environment({**s3.env, "HOME": str(head_home)}), start_new_session=True)
+    try:
+        wait_until(lambda: any("-train-" in key and key.endswith("/meta.json") for key in s3.keys(bucket, "ray/")),
+                   400, "no checkpoint of the Ray Train run reached the bucket")
+        [worker] = [actor for actor in actors_of("RayTrainWorker") if actor.state == "ALIVE"]
+        head = next(node["NodeID"] for node in __import__("ray").nodes()
+                    if node["Alive"] and "node:__internal_head__" in node["Resources"])
+        assert worker.node_id != head
+        for kept in ("ImplicitFunc", "TrainController"):  # the trial (Tune names its class so) and its controller
+            assert {actor.node_id for actor in actors_of(kept) if actor.state == "ALIVE"} == {head}, kept
+        # by construction, not by chance: the trial's placement asks for the head's own resource
+        assert any("node:__internal_head__" in bundle["unit_resources"] for group in list_placement_groups(detail=True)
+                   if group.state == "CREATED" for bundle in group.bundles)
+        kill_raylet(worker.node_id)
+        _, stderr = launch.communicate(timeout=600)
+    finally:
+        kill_session(launch)
+    assert launch.returncode == 0, stderr[-3000:]
+    report = json.loads((tmp_path / "launch.json").read_text())
+    [trial] = report["trials"]
+    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40, trial
+    workers_on = {actor.node_id for actor in actors_of("RayTrainWorker")}
+    assert worker.node_id in workers_on and workers_on - {worker.node_id, head}, workers_on  # a new node took over
+    history = MlflowClient(report["mlflow"]["tracking_uri"]).get_metric_history(trial["mlflow_run_id"], "train/loss")
+    steps = sorted(metric.step for metric in history)
+    assert steps == sorted(set(steps)) and steps[-1] == 40, steps

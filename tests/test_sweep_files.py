@@ -306,6 +306,13 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
         assert "export $(grep -E '^MLFLOW_TRACKING_(USERNAME|PASSWORD)=' /home/ray/.detsweep/mlflow.env | xargs)" in starts_ray
     assert "RAY_AUTH_MODE=token" in " ".join(config["worker_start_ray_commands"])
     assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}  # training never on the head
+    # what a g5.2xlarge holds, declared so that a sweep is sized before `ray up`
+    assert config["available_node_types"]["gpu_worker"]["resources"] == {"CPU": 8, "GPU": 1}
+    # a setup that fails fails the node: nothing swallows an error, and apt knows its lists first
+    setup = config["setup_commands"]
+    assert not any("||" in command for command in setup)
+    installs = [i for i, command in enumerate(setup) if "apt-get install" in command]
+    assert installs and any("apt-get update" in command for command in setup[:installs[0]])
     assert "~/.ray/auth_token" in config["file_mounts"].values()
 
 

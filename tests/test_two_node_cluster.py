@@ -54,6 +54,11 @@ def test_validate_sizes_a_sweep_for_the_cluster_at_address_not_for_this_machine(
     sized = tiny_sweep(tmp_path, "  num_samples: 2\n  metric: train/loss\n  mode: min\n", name="sized")
     fits = run_cli("validate", str(sized), "--address", cluster.address, "--json")
     assert fits.returncode == 0 and json.loads(fits.stdout)["trials_at_once"] == 2, fits.stderr[-2000:]
+    # a cluster started by hand: no cluster config says what it could grow to, and validate says so
+    assert json.loads(fits.stdout)["sized_against"] == "the nodes alive"
+    assert json.loads(fits.stdout)["notes"] == ["sizing trials against the nodes alive now: no cluster config was "
+                                                "found (~/ray_bootstrap_config.yaml or --cluster-config FILE) to say "
+                                                "what the cluster can grow to"]
     too_big = run_cli("validate", str(sized), "--address", cluster.address, "--set", "base.scaling.cpus_per_worker=2")
     assert too_big.returncode == 2 and too_big.stderr.strip() == (
         f"detsweep: error: {sized}: base.scaling.cpus_per_worker: found 2, expected <= 1 (the most CPUs any node alive "
@@ -123,6 +128,7 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_the_cluster_f
         seen = watch_train_worker_nodes()
         result, report = launch_json(str(sweep), "--address", cluster.address, cwd=tmp_path, env=right)
         assert result.returncode == 0, result.stderr[-3000:]
+        assert "detsweep: sizing trials against the nodes alive now: no cluster config was found" in result.stderr
         assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
         assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes
         assert report["mlflow"]["tracking_uri"] == uri

@@ -85,7 +85,7 @@ def validate_command(args: argparse.Namespace) -> int:
         # Only the cluster's size is asked: a raylet's warning (a full disk) must not join the
         # one-line answer.
         connect(args.address, cluster_logs=False)
-        capacity, note = cluster_capacity(None)
+        capacity, note = cluster_capacity()
     else:
         capacity = this_machine()
     report = validation_report(sweep, capacity, strict=bool(args.address or args.cluster_config))

@@ -17,7 +17,7 @@ from detsweep.errors import DetsweepError
 from detsweep.tracking.sweep_run import TrialStatus
 
 from .experiment import as_run, find_experiment, read_outcomes, save_sweep, storage_path, stored_run_link
-from .resources import Capacity, check_fits, cluster_capacity, from_cluster_config, trials_at_once
+from .resources import Capacity, check_fits, cluster_capacity, from_cluster_config, nodes_alive, trials_at_once
 from .spec import Sweep, grid_of, trial_count
 
 
@@ -81,15 +81,22 @@ def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str,
     return drawn
 
 
-def sized_to_fit(sweep: Sweep, address: str | None, cluster_config: str | None) -> Capacity:
-    """What the trials are sized against once Ray is connected, checked: a cluster's node types
-    or its nodes alive (a line says so when no config was found), or this process's own
-    local cluster."""
-    from .resources import nodes_alive
+def configured(sweep: Sweep, cluster_config: str | None) -> Capacity | None:
+    """The node types of ``--cluster-config``, checked against the sweep before Ray starts."""
+    if not cluster_config:
+        return None
+    capacity = from_cluster_config(cluster_config)
+    check_fits(sweep, capacity)
+    return capacity
 
-    joined = address or os.environ.get("RAY_ADDRESS")
-    capacity, note = cluster_capacity(cluster_config) if joined else (
-        from_cluster_config(cluster_config) if cluster_config else nodes_alive(), None)
+
+def sized_to_fit(sweep: Sweep, address: str | None, given: Capacity | None) -> Capacity:
+    """What the trials are sized against once Ray is connected, checked: the node types given,
+    or on a cluster joined by address those of the config ``ray up`` left on its head, else
+    its nodes alive (a line says so), or this process's own local cluster."""
+    if given is not None:
+        return given
+    capacity, note = cluster_capacity() if address or os.environ.get("RAY_ADDRESS") else (nodes_alive(), None)
     check_fits(sweep, capacity)
     if note:
         console.say(f"detsweep: {note}")
@@ -110,15 +117,14 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     from .tuner import build_tuner
 
     check_storage(sweep.storage, f"{sweep.path}: storage")
-    if cluster_config:  # refused before Ray starts
-        check_fits(sweep, from_cluster_config(cluster_config))
+    given = configured(sweep, cluster_config)
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
     summaries, _ = check_inputs(sweep.base, str(sweep.path))
     for line in summaries:
         console.say(line)
     connect(address, env=trial_environment())
-    capacity = sized_to_fit(sweep, address, cluster_config)
+    capacity = sized_to_fit(sweep, address, given)
     fits = trials_at_once(sweep, capacity)
     path = save_sweep(sweep)
     console.keep_log_in(path, f"launch-{time.strftime('%Y%m%d-%H%M%S')}.log")
@@ -154,13 +160,12 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
                             "cannot restore its bracket; launch the sweep again")
     if not tune.Tuner.can_restore(path):
         raise DetsweepError(f"{name_or_path}: {path} holds no Tune experiment state to resume from")
-    if cluster_config:  # refused before Ray starts
-        check_fits(sweep, from_cluster_config(cluster_config))
+    given = configured(sweep, cluster_config)
     link = stored_run_link(path)
     check_backend(backend_of(link))
     console.keep_log_in(path, f"resume-{time.strftime('%Y%m%d-%H%M%S')}.log")
     connect(address, env=trial_environment())
-    sized_to_fit(sweep, address, cluster_config)
+    sized_to_fit(sweep, address, given)
     reopen_sweep_run(link)
     tune.Tuner.restore(path, trainable(), resume_errored=retry_errored).fit()
     return finish(path, sweep, link, register)

@@ -45,13 +45,14 @@ def latest_error(trial) -> str | None:
 def waiting_bundles() -> dict[str, list[dict[str, float]]]:
     """The placement groups that wait for resources (Ray Train's worker groups before their
     nodes are up), by id: the CPUs, GPUs and custom resources each of their workers asks for
-    (a trial's own process asks for memory only, which every node has)."""
+    (a trial's own process asks for memory and the head only)."""
     from ray.util import placement_group_table
 
     waiting = {}
     for group, info in placement_group_table().items():
         if info["state"] in ("PENDING", "RESCHEDULING"):
-            bundles = [{name: amount for name, amount in bundle.items() if amount and name not in MEMORY}
+            bundles = [{name: amount for name, amount in bundle.items() if amount and name not in MEMORY
+                        and not name.startswith("node:")}
                        for bundle in info["bundles"].values()]
             waiting[group] = [bundle for bundle in bundles if bundle]
     return waiting

@@ -22,8 +22,11 @@ from .spec import Sweep
 
 # The trial's own process only waits on its Ray Train workers, so it takes no CPU (a
 # fraction would keep the last worker of a full node from starting). Tune refuses an empty
-# request, so it asks for a little memory instead.
-TRIAL_DRIVER = {"CPU": 0, "memory": 64 * 1024**2}
+# request, so it asks for a little memory instead. It runs on the head, as Ray's own state
+# actors do (by the head's own resource): Ray Train's controller runs where it runs, and a
+# worker node reclaimed mid-trial (a spot instance) then takes only training workers with it,
+# which Ray Train restarts from the last checkpoint on a node the autoscaler adds.
+TRIAL_DRIVER = {"CPU": 0, "memory": 64 * 1024**2, "node:__internal_head__": 0.001}
 # Where ``ray up`` leaves the cluster config on the head: the one its autoscaler runs on.
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 ALIVE = "the nodes alive"
@@ -162,12 +165,10 @@ def from_cluster_config(path: str | Path) -> Capacity:
     return Capacity(tuple(kinds), os.path.basename(where), max_workers=int(config.get("max_workers", 10**9)))
 
 
-def cluster_capacity(cluster_config: str | None) -> tuple[Capacity, str | None]:
-    """The capacity of the cluster this process is connected to: ``cluster_config`` if given,
-    else the config ``ray up`` left on this machine when it is the head, else the nodes alive
-    (with a line to say so: trials that need nodes the autoscaler would add are refused)."""
-    if cluster_config:
-        return from_cluster_config(cluster_config), None
+def cluster_capacity() -> tuple[Capacity, str | None]:
+    """The capacity of the cluster this process is connected to: the config ``ray up`` left on
+    this machine when it is the head, else the nodes alive (with a line to say so: trials that
+    need nodes the autoscaler would add are refused)."""
     if Path(BOOTSTRAP_CONFIG).expanduser().is_file():
         return from_cluster_config(BOOTSTRAP_CONFIG), None
     return nodes_alive(), ("sizing trials against the nodes alive now: no cluster config was found "

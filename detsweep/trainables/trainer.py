@@ -156,6 +156,15 @@ def check_fit(config: TrialConfig, where: str):
 Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]
 
 
+def queue_here() -> Queue:
+    """A Ray queue on this process's node, as Ray Train puts its controller: a worker node lost
+    mid-run takes only workers with it, never the channel their reports travel on."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+
+
 def stream_training(config: TrialConfig, name: str, storage_path: str | None, on_report: Handler,
                     restore_from: str | None = None, pictures: bool = False,
                     startup: StartupClock | None = None, notes: RunNotes = NO_NOTES,
@@ -165,8 +174,8 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
     workers and of steps trained again after a restart; ``system_metrics``: the MLflow run
     (``run_id``, ``uri``) the workers' nodes log their system metrics to. Returns why training
     failed, or None. The workers never wait for this process (:mod:`.channel`)."""
-    reports = Queue(actor_options={"num_cpus": 0})
-    settled = Queue(actor_options={"num_cpus": 0}) if config.train.evaluation == "async" else None
+    reports = queue_here()
+    settled = queue_here() if config.train.evaluation == "async" else None
     trainer = make_trainer(config, name, reports, storage_path, restore_from=restore_from, pictures=pictures,
                            startup=startup, settled=settled, system_metrics=system_metrics)
     failure: list[BaseException] = []
