@@ -239,8 +239,9 @@ def shapes_in_bucket(s3, tmp_path: Path, bucket: str) -> str:
 @pytest.mark.timeout(900)
 def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_read_back_from_it(s3, tmp_path):
     """Data, Tune's state and every checkpoint in the bucket: the sweep finishes, its best
-    checkpoint is a bucket URI that ``status``, registration and ``export --from checkpoint:``
-    read, each trial's checkpoints are bounded, and no Ray Train run is left beside it."""
+    checkpoint is a bucket URI that ``status``, registration, ``export --from checkpoint:`` and
+    ``finetune --from checkpoint:`` read, each trial's checkpoints are bounded, and no Ray
+    Train run is left beside it."""
     bucket = s3.new_bucket("sweeps")
     data = shapes_in_bucket(s3, tmp_path, bucket)
     dataset = f"{{format: coco, annotations: {data}/annotations.json, images: {data}/images}}"
@@ -272,6 +273,15 @@ def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_r
                        "--out", str(tmp_path / "exported"), cwd=tmp_path, env=s3.env, timeout=300)
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert (tmp_path / "exported" / "saved_model.pb").is_file()
+    best = report["best"]["checkpoint"]
+    steps = [f"train.{key}=5" for key in ("num_steps", "steps_per_loop", "eval_every", "checkpoint_every")]
+    tuned = run_cli("finetune", "--from", f"checkpoint:{best}", *[arg for o in steps for arg in ("--set", o)],
+                    "--set", "optimizer.learning_rate.total_steps=5", "--storage", f"s3://{bucket}/finetune", "--json",
+                    cwd=tmp_path, env=env, timeout=400)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    out = json.loads(tuned.stdout)
+    assert out["source"]["checkpoint"] == best and out["steps"] == 5 and out["warm_start"]["fresh"] == []
+    assert out["checkpoint"].startswith(f"s3://{bucket}/finetune/")  # its own results in the bucket too
     missing = run_cli("export", "--from", f"checkpoint:s3://{bucket}/ray/nothing", "--format", "saved_model",
                       "--out", str(tmp_path / "none"), cwd=tmp_path, env=s3.env, timeout=120)
     assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
