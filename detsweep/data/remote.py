@@ -45,14 +45,7 @@ def local_copy(uri: str, field: str) -> str:
     target = cache_folder() / scheme / rest.strip("/")
     if target.exists():
         return str(target)
-    try:
-        filesystem, path = pyarrow.fs.FileSystem.from_uri(uri)
-        kind = filesystem.get_file_info(path).type
-    except (OSError, ValueError) as error:
-        raise DetsweepError(f"{field}: found {uri!r}, expected a file or folder this node can read "
-                            f"({str(error).splitlines()[0]})") from None
-    if kind == pyarrow.fs.FileType.NotFound:
-        raise DetsweepError(f"{field}: found {uri!r}, expected a file or folder there (the bucket has none)")
+    filesystem, path, kind = _look_up(uri, field, "this node")
     scratch = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     folder = kind == pyarrow.fs.FileType.Directory
@@ -66,18 +59,30 @@ def local_copy(uri: str, field: str) -> str:
     return str(target)
 
 
-def check_locations(config: DatasetConfig, where: str) -> None:
-    """Every path of ``config`` names something, in a bucket or on this machine; nothing is
-    read or copied (``detsweep validate`` asks before a cluster exists)."""
-    import pyarrow.fs
-
+def check_locations(config: DatasetConfig, where: str, local: bool = True) -> list[str]:
+    """Every bucket URI of ``config`` names something, and with ``local`` every other path
+    too; nothing is read or copied (``detsweep validate`` asks before a cluster exists).
+    Returns the paths left unchecked: folders of the cluster's nodes, not of this machine."""
+    unchecked = []
     for field in FIELDS:
         for part in filter(None, (getattr(config, field) or "").split(",")):
-            try:
-                filesystem, path = pyarrow.fs.FileSystem.from_uri(part if "://" in part else os.path.abspath(part))
-                found = filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound
-            except (OSError, ValueError) as error:
-                raise DetsweepError(f"{where}.{field}: found {part!r}, expected a file or folder this machine can "
-                                    f"reach ({str(error).splitlines()[0]})") from None
-            if not found:
-                raise DetsweepError(f"{where}.{field}: found {part!r}, expected a file or folder there")
+            if "://" in part or local:
+                _look_up(part if "://" in part else os.path.abspath(part), f"{where}.{field}", "this machine", part)
+            else:
+                unchecked.append(f"{where}.{field}: {part}")
+    return unchecked
+
+
+def _look_up(uri: str, field: str, reader: str, given: str | None = None):
+    """``uri``'s filesystem, path and kind; one line when ``reader`` cannot reach it or it is not there."""
+    import pyarrow.fs
+
+    try:
+        filesystem, path = pyarrow.fs.FileSystem.from_uri(uri)
+        kind = filesystem.get_file_info(path).type
+    except (OSError, ValueError) as error:  # no such scheme, no credentials, no answer
+        raise DetsweepError(f"{field}: found {given or uri!r}, expected a file or folder {reader} can reach "
+                            f"({str(error).splitlines()[0]})") from None
+    if kind == pyarrow.fs.FileType.NotFound:
+        raise DetsweepError(f"{field}: found {given or uri!r}, expected a file or folder there")
+    return filesystem, path, kind

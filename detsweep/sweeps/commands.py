@@ -88,7 +88,8 @@ def validate_command(args: argparse.Namespace) -> int:
         capacity, note = cluster_capacity()
     else:
         capacity = this_machine()
-    report = validation_report(sweep, capacity, strict=bool(args.address or args.cluster_config))
+    report = validation_report(sweep, capacity, strict=bool(args.address or args.cluster_config),
+                               on_a_node=not args.cluster_config or bool(args.address))
     report["notes"] += [note] if note else []
     if args.json:
         print(json.dumps(report))

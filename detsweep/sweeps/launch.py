@@ -21,10 +21,12 @@ from .resources import Capacity, check_fits, cluster_capacity, from_cluster_conf
 from .spec import Sweep, grid_of, trial_count
 
 
-def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True,
+def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_a_node: bool = True,
                       samples: int = 5) -> dict[str, Any]:
     """What ``detsweep validate`` shows: nothing is started. Not ``strict`` (no cluster was
-    named, this machine stands in for it), resources that do not fit are a note, not an error."""
+    named, this machine stands in for it), resources that do not fit and data that is not
+    there are notes, not errors. Not ``on_a_node`` (a cluster config, before ``ray up``), the
+    data's bucket URIs are checked, and its folders left to the nodes (a note names them)."""
     from detsweep.data.remote import check_locations
 
     notes = []
@@ -37,12 +39,13 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True,
     for split in ("train", "val"):  # where the cluster will read them: a bucket, or its nodes' disks
         dataset = getattr(sweep.base.data, split)
         try:
-            if dataset is not None:
-                check_locations(dataset, f"{sweep.path}: base.data.{split}")
+            unchecked = check_locations(dataset, f"{sweep.path}: base.data.{split}", local=on_a_node) if dataset else []
         except DetsweepError as error:
             if strict:
                 raise
             notes.append(f"not on this machine; the cluster must have it: {str(error).split(': ', 1)[1]}")
+            continue
+        notes += [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}" for where in unchecked]
     base = sweep.base.model_dump(mode="json")
     space = sweep.search.space
     grid = grid_of(sweep)
