@@ -58,6 +58,12 @@ def test_the_shipped_sweep_is_sized_against_the_shipped_cluster_file_before_ray_
         "base.data.val.images: found 's3://my-bucket/coco/val2018', expected a file or folder there")
     assert refused("base.data.val.images=s3://no-such-bucket/coco/val2017") == (
         "base.data.val.images: found 's3://no-such-bucket/coco/val2017', expected a file or folder there")
+    # a folder of the nodes' own (staged there, or a shared filesystem) cannot be seen from here: a note
+    staged = run_cli("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE), "--json", "--set",
+                     "base.data.val.images=/data/coco/val2017", env=s3.env, timeout=120)
+    assert staged.returncode == 0, staged.stderr
+    assert json.loads(staged.stdout)["notes"] == [
+        "left to the nodes, which must have it: base.data.val.images: /data/coco/val2017"]
 
 
 def test_a_cluster_file_whose_node_type_declares_no_resources_is_one_line(write):
