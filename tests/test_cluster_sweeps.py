@@ -5,6 +5,7 @@ module, the S3 server once for the run (``conftest.s3``)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -423,3 +424,15 @@ def test_a_worker_node_lost_mid_trial_is_replaced_and_the_trial_ends_at_its_last
     history = MlflowClient(report["mlflow"]["tracking_uri"]).get_metric_history(trial["mlflow_run_id"], "train/loss")
     steps = sorted(metric.step for metric in history)
     assert steps == sorted(set(steps)) and steps[-1] == 40, steps
+
+
+def test_a_failed_trial_of_a_sweep_in_a_bucket_names_its_traceback_by_the_buckets_uri(capsys):
+    from detsweep.sweeps.commands import sweep_summary
+
+    report = {"path": "s3://sweeps/ray/tiny", "metric": "train/loss", "best": None,
+              "cost": {"cost/cpu_hours": 0.0, "cost/gpu_hours": 0.0},
+              "trials": [{"trial_id": "a_00000", "status": "ERROR", "error": "loss is NaN/Inf at step 12",
+                          "metrics": {}, "config": {}}]}
+    assert sweep_summary(report, as_json=True, out=io.StringIO()) == 1
+    assert capsys.readouterr().err == ("detsweep: trial a_00000 failed: loss is NaN/Inf at step 12 (full log: "
+                                       "s3://sweeps/ray/tiny/trial_a_00000/error.txt)\n")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
@@ -191,7 +190,7 @@ def sweep_summary(report: dict[str, Any], as_json: bool, out: TextIO) -> int:
     print(json.dumps(report, default=str) if as_json else format_trials(report, report["metric"]), file=out, flush=True)
     errored = [trial for trial in report["trials"] if trial["status"] == TrialStatus.ERROR]
     for trial in errored:
-        full = Path(report["path"], f"trial_{trial['trial_id']}", "error.txt")
+        full = f"{report['path'].rstrip('/')}/trial_{trial['trial_id']}/error.txt"  # a bucket's URI keeps its //
         print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']} (full log: {full})", file=console.err())
     return 1 if errored else 0
 
