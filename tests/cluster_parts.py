@@ -114,16 +114,32 @@ def fake_cluster_config(port: int, idle_minutes: float = 0.1) -> dict:
     }
 
 
+# Ray 2.60 turns token authentication on for a cluster `ray start` starts wherever a token
+# exists, and a local `ray.init` in an earlier test leaves one in the tests' home: the mode is
+# set, for the cluster and for every client of it, rather than left to what ran before.
+AUTH = {"RAY_AUTH_MODE": "disabled"}
+
+
 @dataclass(frozen=True)
 class AutoscalingCluster:
     address: str
     config: Path  # the cluster config its autoscaler runs on
+    env = AUTH  # what a client process needs to reach it
 
-    def worker_nodes(self) -> list[dict]:
-        """The worker nodes alive (the head has no CPU), from the cluster's own State API."""
-        import ray
+    def alive_nodes(self) -> list:
+        """From the cluster's own State API, reached by its address: this process never joins
+        the cluster (``ray.init`` here would tie it to whatever Ray state earlier tests left)."""
+        from ray.util.state import list_nodes
 
-        return [node for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0]
+        return list_nodes(address=self.address, filters=[("state", "=", "ALIVE")], detail=True,
+                          raise_on_missing_output=False)
+
+    def worker_nodes(self) -> list:
+        return [node for node in self.alive_nodes() if not node.is_head_node]
+
+    def head_node(self) -> str:
+        [head] = [node.node_id for node in self.alive_nodes() if node.is_head_node]
+        return head
 
 
 @contextlib.contextmanager
@@ -131,13 +147,11 @@ def autoscaling_cluster(folder: Path, env: dict[str, str]) -> Iterator[Autoscali
     """``ray start --head --num-cpus=0 --autoscaling-config=…`` with the fake provider; every
     process it starts, the nodes its autoscaler adds included, is in the command's session and
     stopped with it at the end (``ray stop`` would stop every Ray cluster on the machine)."""
-    import ray
-
     port = free_port()
     config = folder / "cluster.yaml"
     config.write_text(yaml.safe_dump(fake_cluster_config(port)))
     # The autoscaler looks every 3 s: a node is seen to be missing a few seconds before it is added.
-    head_env = {**os.environ, **env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "3"}
+    head_env = {**os.environ, **env, **AUTH, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "3"}
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=0", f"--port={port}",
                              "--node-ip-address=127.0.0.1", f"--autoscaling-config={config}", "--dashboard-port=0"],
                             env=head_env, stdout=(folder / "head.log").open("w"), stderr=subprocess.STDOUT,
@@ -145,14 +159,20 @@ def autoscaling_cluster(folder: Path, env: dict[str, str]) -> Iterator[Autoscali
     address = f"127.0.0.1:{port}"
     try:
         _wait_for(lambda: head.poll() is None and _gcs_up(port), 120, "the autoscaling cluster's head")
-        ray.shutdown()  # a test before may have left this process connected to a cluster of its own
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        yield AutoscalingCluster(address, config)
+        cluster = AutoscalingCluster(address, config)
+        _wait_for(lambda: _answers_state(cluster), 120, "the autoscaling cluster's State API")
+        yield cluster
     finally:
-        ray.shutdown()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)
         head.wait()
+
+
+def _answers_state(cluster: AutoscalingCluster) -> bool:
+    try:
+        return len(cluster.alive_nodes()) == 1
+    except Exception:  # the dashboard that serves it is still starting
+        return False
 
 
 def _gcs_up(port: int) -> bool:

@@ -151,7 +151,8 @@ def test_a_sweep_on_a_cluster_that_autoscales_from_zero_waits_for_its_nodes_runs
     head_home.mkdir()
     (head_home / "ray_bootstrap_config.yaml").write_text(autoscaling.config.read_text())
 
-    refused = run_cli("launch", str(sweep), "--address", autoscaling.address, cwd=tmp_path, timeout=300)
+    refused = run_cli("launch", str(sweep), "--address", autoscaling.address, cwd=tmp_path, env=autoscaling.env,
+                      timeout=300)
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert refused.stderr == (f"detsweep: error: {sweep}: base.scaling.cpus_per_worker: found 1, expected <= 0 (the "
                               "most CPUs any node alive has; for the node types an autoscaler can add: "
@@ -159,7 +160,7 @@ def test_a_sweep_on_a_cluster_that_autoscales_from_zero_waits_for_its_nodes_runs
     assert not (tmp_path / "ray").exists() and not autoscaling.worker_nodes()
 
     result = run_cli("launch", str(sweep), "--address", autoscaling.address, "--json", cwd=tmp_path,
-                     env={"HOME": str(head_home)}, timeout=600)
+                     env={**autoscaling.env, "HOME": str(head_home)}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert [trial["status"] for trial in report["trials"]] == ["TERMINATED", "TERMINATED"]
@@ -356,10 +357,11 @@ def test_a_sweep_in_a_bucket_interrupted_is_resumed_from_the_bucket_alone(s3, tm
 # --- a node lost mid-trial ----------------------------------------------------------------
 
 
-def actors_of(class_name: str) -> list:
+def actors_of(cluster: AutoscalingCluster, class_name: str) -> list:
     from ray.util.state import list_actors
 
-    return list_actors(filters=[("class_name", "=", class_name)], detail=True, raise_on_missing_output=False)
+    return list_actors(address=cluster.address, filters=[("class_name", "=", class_name)], detail=True,
+                       raise_on_missing_output=False)
 
 
 def kill_raylet(node_id: str) -> None:
@@ -398,18 +400,19 @@ def test_a_worker_node_lost_mid_trial_is_replaced_and_the_trial_ends_at_its_last
     out = (tmp_path / "launch.json").open("w")
     launch = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--address", autoscaling.address,
                                "--json", "--no-register"], cwd=tmp_path, stdout=out, stderr=subprocess.PIPE, text=True,
-                              env=cli_environment({**s3.env, "HOME": str(head_home)}), start_new_session=True)
+                              env=cli_environment({**s3.env, **autoscaling.env, "HOME": str(head_home)}),
+                              start_new_session=True)
     try:
         wait_until(lambda: any("-train-" in key and key.endswith("/meta.json") for key in s3.keys(bucket, "ray/")),
                    400, "no checkpoint of the Ray Train run reached the bucket")
-        [worker] = [actor for actor in actors_of("RayTrainWorker") if actor.state == "ALIVE"]
-        head = next(node["NodeID"] for node in __import__("ray").nodes()
-                    if node["Alive"] and "node:__internal_head__" in node["Resources"])
+        [worker] = [actor for actor in actors_of(autoscaling, "RayTrainWorker") if actor.state == "ALIVE"]
+        head = autoscaling.head_node()
         assert worker.node_id != head
         for kept in ("ImplicitFunc", "TrainController"):  # the trial (Tune names its class so) and its controller
-            assert {actor.node_id for actor in actors_of(kept) if actor.state == "ALIVE"} == {head}, kept
+            assert {actor.node_id for actor in actors_of(autoscaling, kept) if actor.state == "ALIVE"} == {head}, kept
         # by construction, not by chance: the trial's placement asks for the head's own resource
-        assert any("node:__internal_head__" in bundle["unit_resources"] for group in list_placement_groups(detail=True)
+        groups = list_placement_groups(address=autoscaling.address, detail=True, raise_on_missing_output=False)
+        assert any("node:__internal_head__" in bundle["unit_resources"] for group in groups
                    if group.state == "CREATED" for bundle in group.bundles)
         kill_raylet(worker.node_id)
         _, stderr = launch.communicate(timeout=600)
@@ -419,7 +422,7 @@ def test_a_worker_node_lost_mid_trial_is_replaced_and_the_trial_ends_at_its_last
     report = json.loads((tmp_path / "launch.json").read_text())
     [trial] = report["trials"]
     assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40, trial
-    workers_on = {actor.node_id for actor in actors_of("RayTrainWorker")}
+    workers_on = {actor.node_id for actor in actors_of(autoscaling, "RayTrainWorker")}
     assert worker.node_id in workers_on and workers_on - {worker.node_id, head}, workers_on  # a new node took over
     history = MlflowClient(report["mlflow"]["tracking_uri"]).get_metric_history(trial["mlflow_run_id"], "train/loss")
     steps = sorted(metric.step for metric in history)
