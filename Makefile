@@ -12,7 +12,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The quickstart sweep: 4 trials on synthetic shapes, ASHA, about 10 minutes on 2 cores.
 demo: $(INSTALLED) tcmalloc
-	$(BIN)/detsweep launch sweeps/quickstart.yaml --set storage=$(CURDIR)/demo-out/ray
+	$(BIN)/detsweep launch sweeps/quickstart.yaml --set storage=$(CURDIR)/demo-out/ray/$(shell date +%Y%m%d-%H%M%S)
 
 # The layers and the lint first (seconds), then every test, in one process: two at once
 # were slower on CI's machine (README, Tests).

@@ -9,38 +9,34 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from unittest import mock
 
-from .common import REPO, Entry, Target, arguments, free_port, record
+from .common import Entry, Target, arguments, free_port, record
 
-SCRIPT = REPO / "cluster" / "mlflow_server.sh"
 CACHE = "auth_cache_ttl_seconds = 60\n"
 USER = {"MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": "Bench-pass-for-detsweep"}
 
 
-def requests_per_second(script_text: str, requests: int, folder: Path) -> float:
-    """Start the server from ``script_text`` in ``folder``; time ``requests`` of a trial's kinds
-    (a batch of metrics, then a read of its run) as detsweep's user; stop the server."""
+def requests_per_second(auth_ini: str, requests: int, folder: Path) -> float:
+    """Start the server as ``cluster/mlflow_server.sh`` does (``detsweep.tracking.server``) with
+    ``auth_ini`` as its auth settings, in ``folder``; time ``requests`` of a trial's kinds (a
+    batch of metrics, then a read of its run) as detsweep's user; stop the server."""
     from mlflow import MlflowClient
 
-    script, secret, port = folder / "mlflow_server.sh", folder / "mlflow.env", free_port()
-    script.write_text(script_text)
+    from detsweep.tracking import server
+
+    secret, port = folder / "mlflow.env", free_port()
     secret.write_text("".join(f"{name}={value}\n" for name, value in {
         "MLFLOW_AUTH_ADMIN_PASSWORD": "Bench-admin-for-detsweep", "MLFLOW_FLASK_SERVER_SECRET_KEY": "bench", **USER,
     }.items()))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    # The script leaves the server (and its workers) running in its process group: stopped at the end.
-    started = subprocess.Popen(["bash", str(script), str(folder / "server"), str(secret), str(port)], cwd=REPO,
-                               env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    with mock.patch.object(server, "AUTH_INI", auth_ini), mock.patch.dict(os.environ, path):
+        started = server.start(folder / "server", secret, port)
     try:
-        if started.wait(timeout=400) != 0:  # the script waits up to 300 s
-            raise SystemExit(f"{SCRIPT} failed: {started.stdout.read().decode()[-2000:]}")
         with mock.patch.dict(os.environ, USER):  # MLflow's client reads its credentials there
             client = MlflowClient(f"http://127.0.0.1:{port}")
             run_id = client.create_run(client.create_experiment("bench")).info.run_id
@@ -50,21 +46,23 @@ def requests_per_second(script_text: str, requests: int, folder: Path) -> float:
                 client.get_run(run_id)
             return 2 * pairs / (time.perf_counter() - clock)
     finally:
-        stop_group(started)
+        stop_tree(started.pid)
 
 
-def stop_group(started: subprocess.Popen) -> None:
-    """SIGKILL the script's process group (the server, its web workers, its job consumers) and
-    wait until none is left: each server holds about 1.5 GB."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(started.pid, signal.SIGKILL)
-    for _ in range(100):
-        try:
-            os.killpg(started.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    raise SystemExit(f"the tracking server's processes (group {started.pid}) outlived SIGKILL")
+def stop_tree(pid: int) -> None:
+    """SIGKILL the server and every process it started (its web workers) and wait until none
+    is left: each server holds about 1.5 GB."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        _, alive = psutil.wait_procs(family, timeout=10)
+        if alive:
+            raise SystemExit(f"the tracking server's processes {[p.pid for p in alive]} outlived SIGKILL")
 
 
 def main() -> None:
@@ -72,8 +70,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     args = parser.parse_args()
     requests = 6 if args.smoke else args.requests
-    shipped = SCRIPT.read_text()
-    assert CACHE in shipped, f"{SCRIPT} no longer sets {CACHE.strip()}: update this benchmark"
+    from detsweep.tracking.server import AUTH_INI as shipped
+
+    assert CACHE in shipped, f"detsweep/tracking/server.py no longer sets {CACHE.strip()}: update this benchmark"
     with tempfile.TemporaryDirectory() as scratch:
         rates = {}
         for name, text in (("MLflow's default (no credential cache)", shipped.replace(CACHE, "")),

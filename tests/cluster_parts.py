@@ -1,12 +1,15 @@
 """The real parts a cluster uses, on loopback: an S3 API server (moto's standalone
-``moto_server``, as Ray's own storage tests use) and a Ray cluster whose worker nodes Ray's
-own autoscaler starts and stops (its ``fake_multinode`` provider: every node it adds is a
-real raylet on this machine). Each is started once and shared (``conftest.py``)."""
+``moto_server``, as Ray's own storage tests use), a PostgreSQL server (Debian's) for
+MLflow's runs, and a Ray cluster whose worker nodes Ray's own autoscaler starts and stops
+(its ``fake_multinode`` provider: every node it adds is a real raylet on this machine). Each
+is started once and shared (``conftest.py``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +72,53 @@ def s3_server(log: Path) -> Iterator[S3Server]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+@dataclass(frozen=True)
+class TrackingStack:
+    """A tracking server started as the cluster's head starts it, on a database and a bucket."""
+
+    uri: str
+    secret: dict[str, str]  # what its secret file holds
+    s3: S3Server
+    bucket: str  # its artifacts' bucket
+    folder: Path  # the "head's" folders, the database's, the secret file
+    said: str  # what its start printed
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What a client of the cluster holds: the server's address and detsweep's user, nothing of the bucket."""
+        return {"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_TRACKING_USERNAME": self.secret["MLFLOW_TRACKING_USERNAME"],
+                "MLFLOW_TRACKING_PASSWORD": self.secret["MLFLOW_TRACKING_PASSWORD"]}
+
+
+@contextlib.contextmanager
+def postgres_server(folder: Path) -> Iterator[str]:
+    """A throwaway PostgreSQL cluster (``initdb``, ``pg_ctl``) on a free loopback port, run as
+    ``postgres`` when the tests run as root (its server refuses root); yields the URI of an
+    empty database ``mlflow`` owned by a user with a password, as a managed database gives."""
+    [bin_dir] = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1:]
+    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    folder.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(16)
+    (folder / "password").write_text(password)
+    if as_owner:
+        shutil.chown(folder, "postgres", "postgres")
+        shutil.chown(folder / "password", "postgres", "postgres")
+    port = free_port()
+    env = {**os.environ, "PGPASSWORD": password}
+    subprocess.run([*as_owner, str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", "detsweep", "-A",
+                    "scram-sha-256", "--pwfile", str(folder / "password")], check=True, capture_output=True)
+    subprocess.run([*as_owner, str(bin_dir / "pg_ctl"), "-D", str(folder / "data"), "-l", str(folder / "server.log"),
+                    "-w", "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True)
+    try:
+        subprocess.run([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "detsweep", "mlflow"],
+                       check=True, capture_output=True, env=env)
+        yield f"postgresql://detsweep:{password}@127.0.0.1:{port}/mlflow"
+    finally:
+        subprocess.run([*as_owner, str(bin_dir / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate", "stop"],
+                       capture_output=True)
 
 
 def _answers(url: str) -> bool:

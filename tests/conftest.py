@@ -234,3 +234,28 @@ def s3(tmp_path_factory):
 
     with s3_server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def tracking_stack(s3):
+    """The cluster's tracking stack for the whole run, as ``ray_cluster.yaml`` starts it on the
+    head: MLflow's basic-auth server, its runs in a PostgreSQL server and its artifacts in a
+    bucket of the S3 server (both outside "the cluster"), its credentials in a secret file."""
+    import shutil
+    import tempfile
+
+    from .cluster_parts import TrackingStack, postgres_server
+    from .mlflow_checks import cluster_mlflow_server
+
+    folder = Path(tempfile.mkdtemp(prefix="detsweep-tracking-"))  # not under pytest's 0700 folders: postgres reads it
+    folder.chmod(0o755)
+    try:
+        with postgres_server(folder / "postgres") as database:
+            secret = {"MLFLOW_AUTH_ADMIN_PASSWORD": "Adm1n-for-detsweep-tests",
+                      "MLFLOW_FLASK_SERVER_SECRET_KEY": "detsweep-tests-key", "MLFLOW_TRACKING_USERNAME": "detsweep",
+                      "MLFLOW_TRACKING_PASSWORD": "S3cret-for-detsweep-tests", "MLFLOW_BACKEND_STORE_URI": database,
+                      "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{s3.new_bucket('mlflow-artifacts')}/mlflow", **s3.env}
+            with cluster_mlflow_server(folder / "head", secret) as (uri, said):
+                yield TrackingStack(uri, secret, s3, "mlflow-artifacts", folder, said)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from bench.common import free_port
+from detsweep.tracking.checkpoint_models import checkpoints, step_of
 
 from .conftest import REPO, commands_in_group, kill_session, time_left
 
@@ -79,15 +81,19 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
             assert steps == list(range(every, every * len(steps) + 1, every)), steps
         if trial["status"] == "TERMINATED":
             assert steps[-1] == num_steps
-            assert {"config.yaml", "learning_rate.png", "checkpoints", "detections"} <= artifacts(client, run.info.run_id)
+            assert {"config.yaml", "learning_rate.png", "detections"} <= artifacts(client, run.info.run_id)
+            # its checkpoints: READY models of its run, the latest at its end, and no more than its best and latest
+            kept = checkpoints(client, [info["experiment_id"]], run.info.run_id, ready=False)
+            assert 1 <= len(kept) <= 2 and {str(m.status) for m in kept} == {"READY"}, kept
+            assert max(step_of(m) for m in kept) == num_steps
             pictures = artifacts(client, run.info.run_id, "detections")  # one per evaluation
             evaluated = [step for step in steps if step % (eval_every or every) == 0 or step == num_steps]
             assert pictures == {f"detections/step_{step:06d}.png" for step in evaluated}, pictures
     best = children[report["best"]["trial_id"]]
     with tempfile.TemporaryDirectory() as scratch:
-        check_best_checkpoint(client, report, best, Path(scratch))
-        if registered:
-            check_registered_model(client, report, best, Path(report["best"]["checkpoint"]))
+        checkpoint = check_best_checkpoint(client, report, best, Path(scratch))
+        if registered:  # what registration read: MLflow's best checkpoint of the best trial
+            check_registered_model(client, report, best, checkpoint)
         else:
             assert report["mlflow"]["registered_model"] is None
     return children
@@ -98,25 +104,29 @@ def artifacts(client, run_id: str, path: str | None = None) -> set[str]:
 
 
 def check_best_checkpoint(client, report: dict, run, into: Path) -> Path:
-    """The best trial's checkpoint artifact restores into a model; returns where it was downloaded."""
-    from mlflow.artifacts import download_artifacts
+    """The best trial's best checkpoint in MLflow is READY, complete and restores into a model
+    at its step; returns where it was downloaded."""
+    import shutil
 
+    from detsweep.tracking.checkpoint_models import best_checkpoint, model_uri, step_of
+    from detsweep.tracking.source import local_copy
     from detsweep.train.restore import load_trained_model
 
-    uri = report["mlflow"]["tracking_uri"]
-    listed = artifacts(client, run.info.run_id, "checkpoints/best")
-    assert {f"checkpoints/best/{name}" for name in ("ckpt.index", "config.yaml", "meta.json")} <= listed, listed
-    directory = download_artifacts(run_id=run.info.run_id, artifact_path="checkpoints/best", tracking_uri=uri,
-                                   dst_path=str(into))
+    model = best_checkpoint(client, run.info.experiment_id, run.info.run_id, report["metric"], report["mode"])
+    assert model is not None and str(model.status) == "READY"
+    listed = {entry.path for entry in client.list_logged_model_artifacts(model.model_id)}
+    assert {"ckpt.index", "config.yaml", "meta.json"} <= listed, listed
+    with local_copy(model_uri(model), report["mlflow"]["tracking_uri"]) as folder:
+        directory = shutil.copytree(folder, into / "best")
     restored = load_trained_model(directory)
-    assert restored.step == int(run.data.tags["detsweep.checkpoint.best_step"])
+    assert restored.step == step_of(model)
     return Path(directory)
 
 
 def check_registered_model(client, report: dict, run, checkpoint: Path) -> None:
     """The registered model was logged from the best trial's run, with the moving-average
     weights when they scored better, and detects on the trial's own val images (at their own
-    size) what its ``checkpoint`` (the one Tune kept as the best) detects."""
+    size) what its ``checkpoint`` (its best in MLflow, downloaded) detects."""
     import mlflow
 
     from detsweep.checkpoints import read_config
@@ -153,21 +163,22 @@ def check_registered_model(client, report: dict, run, checkpoint: Path) -> None:
 
 
 @contextlib.contextmanager
-def cluster_mlflow_server(tmp_path: Path, secret: dict[str, str]) -> Iterator[str]:
+def cluster_mlflow_server(folder: Path, secret: dict[str, str]) -> Iterator[tuple[str, str]]:
     """The tracking server as ``ray_cluster.yaml`` starts it on the head: its command line, read
-    from the file, with the head's folders moved under ``tmp_path``, ``secret`` as the
-    credentials file and a free port. Returns once the command did (the server answers and
-    detsweep's user exists); the server is stopped at the end."""
+    from the file, with the head's folders moved under ``folder``, ``secret`` as the
+    credentials file and a free port. Yields its URI and what the start said, once the command
+    returned (the server answers and detsweep's user exists); the server is stopped at the end."""
     import yaml
 
     [command] = [c for c in yaml.safe_load((REPO / "ray_cluster.yaml").read_text())["head_start_ray_commands"]
                  if "mlflow_server.sh" in c]
-    secret_file = tmp_path / "mlflow.env"
+    folder.mkdir(parents=True, exist_ok=True)
+    secret_file = folder / "mlflow.env"
     secret_file.write_text("".join(f"{name}={value}\n" for name, value in secret.items()))
     secret_file.chmod(0o600)
     port = free_port()
     command = (command.replace("/home/ray/detsweep", str(REPO)).replace("/home/ray/.detsweep/mlflow.env", str(secret_file))
-               .replace("/home/ray/mlflow", str(tmp_path / "head-mlflow")).replace(" 5000", f" {port}"))
+               .replace("/home/ray/mlflow", str(folder / "head-mlflow")).replace(" 5000", f" {port}"))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     started = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True, env=env)
@@ -178,9 +189,9 @@ def cluster_mlflow_server(tmp_path: Path, secret: dict[str, str]) -> Iterator[st
             kill_session(started)
             pytest.fail(f"the head's MLflow start did not return; it said:\n{started.communicate()[0]}")
         assert started.returncode == 0, said
-        assert said.strip().endswith(f"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: created"), said
+        assert re.search(rf"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: (created|password set)$", said.strip()), said
         assert not any("huey" in command for command in commands_in_group(started.pid).values())  # MLflow's job runner is off
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", said
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(started.pid, signal.SIGTERM)  # the server, left running in the command's group

@@ -226,15 +226,20 @@ def test_predict_from_a_checkpoint_keeps_what_scores_at_least_min_score(checkpoi
 
 
 def test_an_export_from_an_mlflow_run_is_logged_to_that_run(checkpoint, tmp_path, monkeypatch, capsys):
+    import time
+
     from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    from detsweep.tracking.checkpoint_models import log_checkpoint
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = MlflowClient(uri)
     experiment = client.create_experiment("export", artifact_location=(tmp_path / "mlartifacts").as_uri())
     run_id = client.create_run(experiment).info.run_id
-    client.log_artifacts(run_id, str(checkpoint), "checkpoints/best")
-    client.set_tag(run_id, "detsweep.checkpoint.best_step", str(STEPS))
+    scored = Metric("eval/AP_best", 0.5, int(time.time() * 1000), STEPS)
+    log_checkpoint(client, experiment, run_id, checkpoint, STEPS, [scored])
 
     out = tmp_path / "export"
     assert detsweep("export", "--from", f"run:{run_id}", "--no-ema", "--out", str(out), "--json") == 0

@@ -54,10 +54,24 @@ def trainable_weights(checkpoint: Path, use_average: bool = False) -> dict[str, 
     return {w.path: w.numpy() for w in trained.model.trainable_weights}
 
 
-def downloaded(uri: str, tracking_uri: str, into: Path) -> Path:
-    from mlflow.artifacts import download_artifacts
+def best_in_mlflow(report: dict) -> str:
+    """The best trial's best READY checkpoint in MLflow, as ``models:/<model_id>``."""
+    from mlflow import MlflowClient
 
-    return Path(download_artifacts(artifact_uri=uri, dst_path=str(into), tracking_uri=tracking_uri))
+    from detsweep.tracking.checkpoint_models import best_checkpoint, model_uri
+
+    found = best_checkpoint(MlflowClient(report["mlflow"]["tracking_uri"]), report["mlflow"]["experiment_id"],
+                            report["best"]["mlflow_run_id"], report["metric"], report["mode"])
+    return model_uri(found)
+
+
+def downloaded(uri: str, tracking_uri: str, into: Path) -> Path:
+    import shutil
+
+    from detsweep.tracking.source import local_copy
+
+    with local_copy(uri, tracking_uri) as folder:
+        return Path(shutil.copytree(folder, into / "checkpoint"))
 
 
 def test_best_ranks_the_trials_from_mlflow_alone(swept):
@@ -71,9 +85,9 @@ def test_best_ranks_the_trials_from_mlflow_alone(swept):
     assert trial["run_id"] == report["best"]["mlflow_run_id"] and trial["trial_id"] == report["best"]["trial_id"]
     assert trial["value"] == pytest.approx(report["best"]["metrics"]["eval/AP_best"])
     assert trial["swept"] == {"optimizer.learning_rate.learning_rate_base": 0.04}
-    assert trial["checkpoint"] == f"runs:/{trial['run_id']}/checkpoints/best" and trial["checkpoint_step"] == 150
+    assert trial["checkpoint"] == best_in_mlflow(report) and trial["checkpoint_step"] == 150
     table = run_cli("best", str(folder / "source.yaml"), cwd=folder)  # by sweep file, as a table
-    assert table.returncode == 0 and trial["run_id"] in table.stdout and "checkpoint: runs:/" in table.stdout
+    assert table.returncode == 0 and trial["run_id"] in table.stdout and f"checkpoint: {trial['checkpoint']}" in table.stdout
 
 
 def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(swept, tmp_path):
@@ -97,6 +111,8 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
 
     from mlflow import MlflowClient
 
+    from detsweep.tracking.checkpoint_models import checkpoints, score, step_of
+
     client = MlflowClient(out["mlflow"]["tracking_uri"])
     run = client.get_run(out["mlflow"]["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["detsweep.role"] == "finetune"
@@ -107,7 +123,9 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [200]
     plan = json.loads(Path(client.download_artifacts(run.info.run_id, "warm_start.json", str(tmp_path))).read_text())
     assert plan["fresh"] == [] and "conv1_conv/kernel" in plan["restored"]
-    assert {"checkpoints", "config.yaml", "warm_start.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "warm_start.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    [kept] = checkpoints(client, [run.info.experiment_id], run.info.run_id)  # its one checkpoint, at step 200
+    assert step_of(kept) == 200 and score(kept, "eval/AP_best") == pytest.approx(out["metrics"]["eval/AP_best"])
     ranked = json.loads(run_cli("best", "source", "--json", cwd=folder).stdout)
     assert [t["run_id"] for t in ranked["trials"]] == [report["best"]["mlflow_run_id"]]  # fine-tunes are not trials
 
@@ -141,7 +159,7 @@ def test_a_fine_tuning_sweep_from_a_run_with_new_classes_restores_all_but_the_cl
 
     tuned = trainable_weights(Path(trial["checkpoint"]))
     with tempfile.TemporaryDirectory() as scratch:
-        source = downloaded(f"runs:/{report['best']['mlflow_run_id']}/checkpoints/best", out["mlflow"]["tracking_uri"],
+        source = downloaded(best_in_mlflow(report), out["mlflow"]["tracking_uri"],
                             Path(scratch))
         averaged = trainable_weights(source, use_average=True)
     assert set(tuned) == set(averaged)
@@ -156,7 +174,7 @@ def test_a_fine_tuning_sweep_from_a_run_with_new_classes_restores_all_but_the_cl
     parent = client.get_run(out["mlflow"]["parent_run_id"])
     assert parent.data.tags["detsweep.source_run_id"] == report["best"]["mlflow_run_id"]
     child = client.get_run(trial["mlflow_run_id"])
-    assert child.data.params["train.fine_tune.checkpoint"] == f"runs:/{report['best']['mlflow_run_id']}/checkpoints/best"
+    assert child.data.params["train.fine_tune.checkpoint"] == best_in_mlflow(report)
     assert child.data.params["train.fine_tune.from_moving_average"] == "true" and child.data.params["model.num_classes"] == "5"
 
 
@@ -176,7 +194,7 @@ def test_what_cannot_be_fine_tuned_is_refused_in_one_line(swept, tmp_path):
 
     assert "no trial runs" in refused("best", "empty", cwd=_with_empty_experiment(folder))
     sweep_run = report["mlflow"]["parent_run_id"]  # the sweep's own run holds no checkpoint
-    assert f"run {sweep_run} has no checkpoint in MLflow" in refused("finetune", "--from", f"run:{sweep_run}")
+    assert f"run {sweep_run} has no complete checkpoint in MLflow" in refused("finetune", "--from", f"run:{sweep_run}")
     assert "no such run" in refused("finetune", "--from", "run:0123456789abcdef")
     down = f"http://127.0.0.1:{free_port()}"
     assert f"no MLflow server answers at {down}" in refused("best", "source", env={"MLFLOW_TRACKING_URI": down})
@@ -185,7 +203,7 @@ def test_what_cannot_be_fine_tuned_is_refused_in_one_line(swept, tmp_path):
     assert "is not a detsweep checkpoint" in refused("finetune", "--from", f"checkpoint:{tmp_path}")
     # a local checkpoint folder with a positional CONFIG.yaml: the config's backbone is merged
     # over the checkpoint's own, and found not to fit, before anything starts
-    local = downloaded(f"runs:/{report['best']['mlflow_run_id']}/checkpoints/best", report["mlflow"]["tracking_uri"],
+    local = downloaded(best_in_mlflow(report), report["mlflow"]["tracking_uri"],
                        tmp_path / "local")
     bigger = tmp_path / "bigger.yaml"
     bigger.write_text("model: {backbone: resnet18}\n")
@@ -212,7 +230,7 @@ def test_a_local_checkpoint_fine_tunes_on_what_a_positional_config_changes(swept
     """``detsweep finetune CONFIG.yaml --from checkpoint:DIR``: the checkpoint's own config, with
     what CONFIG.yaml sets merged over it (here new training data and a short run), then ``--set``."""
     folder, report = swept
-    local = downloaded(f"runs:/{report['best']['mlflow_run_id']}/checkpoints/best", report["mlflow"]["tracking_uri"],
+    local = downloaded(best_in_mlflow(report), report["mlflow"]["tracking_uri"],
                        tmp_path / "local")
     changes = tmp_path / "more-data.yaml"
     changes.write_text("data: {train: {num_images: 24, seed: 5}}\n"

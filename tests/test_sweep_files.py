@@ -297,9 +297,9 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     # MLflow behind basic auth, started by the repository's script (tests/mlflow_checks.py runs
     # this very command line); detsweep's credentials, never the admin's, reach every raylet
     assert "bash /home/ray/detsweep/cluster/mlflow_server.sh /home/ray/mlflow /home/ray/.detsweep/mlflow.env 5000" in head
-    server = (REPO / "cluster" / "mlflow_server.sh").read_text()
-    assert "--app-name basic-auth" in server and "--serve-artifacts" in server
-    assert "MLFLOW_DISABLE_TELEMETRY=true" in server  # no usage telemetry from a private cluster
+    assert 'exec python -m detsweep.tracking.server start "$1" "$2" "$3"' in (REPO / "cluster" / "mlflow_server.sh").read_text()
+    # and, hourly, mlflow gc with the same arguments: deleted checkpoints' files go
+    assert "python -m detsweep.tracking.server gc /home/ray/mlflow /home/ray/.detsweep/mlflow.env 5000" in head
     assert config["file_mounts"]["/home/ray/.detsweep/mlflow.env"] == "~/.detsweep/mlflow.env"
     for commands in (config["head_start_ray_commands"], config["worker_start_ray_commands"]):
         [starts_ray] = [c for c in commands if "ray start" in c]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,10 +16,12 @@ import pytest
 
 from detsweep.config import TrackingConfig
 from detsweep.errors import DetsweepError
-from detsweep.tracking import TrialRun, open_sweep_run, resolve_backend
+from detsweep.tracking import RunLink, TrialRun, open_sweep_run, resolve_backend
+from detsweep.tracking.checkpoint_models import best_checkpoint, best_of, checkpoints, model_uri, score, step_of
+from detsweep.tracking.source import local_copy
 from detsweep.tracking.writer import RetryingWriter
 
-from .conftest import RACCOON, REPO, run_cli
+from .conftest import RACCOON, REPO, run_bounded, run_cli
 from .mlflow_checks import free_port
 
 QUICKSTART_SWEEP = REPO / "sweeps" / "quickstart.yaml"
@@ -147,7 +151,8 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     again.log_report({"step": 40, "train/loss": 0.2})
     again.note_worker_failure("the worker died")  # Ray Train restarts the group from step 30's checkpoint
     again.note_replayed(40)  # the channel's word: the restarted group trained 40 again
-    again.log_report({"step": 50, "train/loss": 0.1})
+    again.log_report({"step": 50, "train/loss": 0.1, "eval/AP_best": 0.15},
+                     ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 50))))
     again.finish(error="loss is NaN/Inf at step 51")
 
     client = MlflowClient(backend.uri)
@@ -159,17 +164,23 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     assert run.data.params["train.num_steps"] == str(sweep.base.train.num_steps)
     losses = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert sorted(losses) == [(10, 1.0), (20, 0.5), (30, 0.3), (40, 0.2), (50, 0.1)]  # the first value of 20 stays
+    assert len(client.get_metric_history(run.info.run_id, "eval/AP_best")) == 3  # linked to checkpoints, kept once
     # what the restart said once, on the step it trained again, is logged with the next step
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "restore/step")] == [(30, 10)]
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "startup/total_s")] == [(30, 9.0)]
     assert run.data.tags["detsweep.replayed_steps"] == "20-20, 40-40"  # kept from MLflow, never silent
     assert run.data.tags["detsweep.worker_failures"] == "1: the worker died"
-    # the best checkpoint is still step 10's (0.2 > 0.1); latest is step 30's
-    assert run.data.tags["detsweep.checkpoint.best_step"] == "10" and run.data.tags["detsweep.checkpoint.latest_step"] == "30"
-    best = Path(client.download_artifacts(run.info.run_id, "checkpoints/best", str(tmp_path)))
-    assert json.loads((best / "meta.json").read_text())["step"] == 10
+    # each checkpoint a READY model of the run, scored by what the run logged at its step; the
+    # run keeps its best, still step 10's (0.2 > 0.15 > 0.1), and its latest, step 50's
+    models = checkpoints(client, [link.experiment_id], run.info.run_id)
+    assert sorted((step_of(m), score(m, "eval/AP_best")) for m in models) == [(10, 0.2), (50, 0.15)]
+    assert [step_of(m) for m in checkpoints(client, [link.experiment_id], run.info.run_id, ready=False)
+            if m.model_id not in {kept.model_id for kept in models}] == []  # step 30's deleted
+    assert step_of(best_checkpoint(client, link.experiment_id, run.info.run_id, "eval/AP_best", "max")) == 10
+    with local_copy(model_uri(best_of(models, "eval/AP_best", "max")), backend.uri) as best:
+        assert json.loads((best / "meta.json").read_text())["step"] == 10
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "learning_rate.png", "error.txt", "checkpoints"} <= names
+    assert {"config.yaml", "learning_rate.png", "error.txt"} <= names and "checkpoints" not in names
     assert not [name for name in client.get_run(run.info.run_id).data.metrics if name.startswith("_picture")]
     assert (tmp_path / "mlartifacts" / "quickstart").is_dir()
 
@@ -212,7 +223,9 @@ def test_the_picture_survives_boxes_far_outside_the_image():
     assert detections_picture(val_set, wild, count=1).startswith(b"\x89PNG")
 
 
-def test_the_sweep_run_goes_to_the_named_experiment_and_is_found_again_on_resume(tmp_path):
+def test_the_sweep_run_goes_to_the_named_experiment_and_a_launch_never_reopens_an_earlier_sweeps_run(tmp_path):
+    """A launch whose results folder was deleted (its sweep.yaml gone, so not refused) gets a
+    new parent run: the earlier sweep's trials.csv, pictures and best stay as they were."""
     from mlflow import MlflowClient
 
     from detsweep.sweeps.experiment import as_run
@@ -222,9 +235,8 @@ def test_the_sweep_run_goes_to_the_named_experiment_and_is_found_again_on_resume
     backend = resolve_backend(sweep.base.tracking, cwd=tmp_path)
     results = str(tmp_path / "ray" / "quickstart")
     first = open_sweep_run(sweep, results, backend, as_run(sweep))
-    again = open_sweep_run(sweep, results, backend, as_run(sweep))  # what resume does
-    other = open_sweep_run(sweep, str(tmp_path / "ray" / "other"), backend, as_run(sweep))
-    assert again == first and other.parent_run_id != first.parent_run_id
+    again = open_sweep_run(sweep, results, backend, as_run(sweep))
+    assert again.parent_run_id != first.parent_run_id and again.experiment_id == first.experiment_id
     client = MlflowClient(backend.uri)
     experiment = client.get_experiment(first.experiment_id)
     assert experiment.name == "detectors"
@@ -257,10 +269,11 @@ def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_
 
     client = MlflowClient(backend.uri)
     run = client.get_run(stopped.run_id)
-    assert run.info.status == "KILLED" and run.data.tags["detsweep.checkpoint.best_step"] == "5"
+    [model] = checkpoints(client, [link.experiment_id], stopped.run_id)
+    assert run.info.status == "KILLED" and step_of(model) == 5
     assert {k: run.data.metrics[k] for k in cost} == cost  # the driver writes what the trial cost
     assert {k: client.get_run(link.parent_run_id).data.metrics[k] for k in cost} == cost
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/best")} == {"checkpoints/best/meta.json"}
+    assert {a.path for a in client.list_logged_model_artifacts(model.model_id)} == {"meta.json"}
 
 
 def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_path):
@@ -505,3 +518,88 @@ def test_a_sweep_uses_the_experiment_another_sweep_made_since_it_looked(tmp_path
 
     client = LookedBefore(backend.uri)
     assert experiment_id(client, "shared", backend) == theirs and client.looked
+
+
+KILLED_MID_UPLOAD = """
+import json, os, signal, sys, time
+from pathlib import Path
+
+import ray.train
+from mlflow.store.artifact.http_artifact_repo import HttpArtifactRepository
+
+from detsweep.sweeps.spec import load_sweep
+from detsweep.tracking import RunLink, TrialRun
+from detsweep.tracking.checkpoint_models import checkpoints
+
+uri, experiment, folder, sweep_file = sys.argv[1:]
+trial = TrialRun(RunLink(uri, experiment, None), "t_00000", "trial_t_00000", load_sweep(sweep_file).base, {},
+                 "eval/AP_best", "max")
+first = ray.train.Checkpoint.from_directory(f"{folder}/step_10")
+trial.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2}, first)
+while not checkpoints(trial.client, [experiment], trial.run_id):  # step 10's is READY
+    time.sleep(0.2)
+print(trial.run_id, flush=True)
+upload = HttpArtifactRepository.log_artifact
+sent = []
+
+def one_file_then_killed(self, local_file, artifact_path=None):
+    if sent:  # the second file of step 20's checkpoint: the node dies
+        os.kill(os.getpid(), signal.SIGKILL)
+    upload(self, local_file, artifact_path)
+    sent.append(local_file)
+
+HttpArtifactRepository.log_artifact = one_file_then_killed
+trial.log_report({"step": 20, "train/loss": 0.5, "eval/AP_best": 0.5},
+                 ray.train.Checkpoint.from_directory(f"{folder}/step_20"))
+time.sleep(120)
+"""
+
+
+def test_a_trial_killed_mid_upload_leaves_a_pending_checkpoint_that_best_finetune_and_registration_never_read(
+        tracking_stack, tmp_path, monkeypatch):
+    """On the cluster's tracking stack (PostgreSQL, the bucket): a trial's process is killed
+    (SIGKILL) after one of the three files of its better step-20 checkpoint reached the
+    bucket. That checkpoint stays PENDING: ``best``, what ``finetune --from best:`` resolves
+    and what registration reads are step 10's, complete. The trial, resumed, deletes it."""
+    import ray.train
+    from mlflow import MlflowClient
+
+    from detsweep.sweeps.launch import best_in_mlflow
+    from detsweep.sweeps.spec import load_sweep
+    from detsweep.tracking.source import resolve_source
+
+    for name, value in tracking_stack.client_env.items():
+        monkeypatch.setenv(name, value)
+    client = MlflowClient(tracking_stack.uri)
+    experiment = client.create_experiment("killed-mid-upload")
+    for step in (10, 20, 30):
+        folder = tmp_path / f"step_{step}"
+        folder.mkdir()
+        (folder / "meta.json").write_text(json.dumps({"step": step}))
+        (folder / "ckpt.index").write_bytes(b"i" * 1000)
+        (folder / "ckpt.data-00000-of-00001").write_bytes(b"w" * 100_000)
+    killed = run_bounded([sys.executable, "-c", KILLED_MID_UPLOAD, tracking_stack.uri, experiment, str(tmp_path),
+                          str(QUICKSTART_SWEEP)], timeout=300, cwd=REPO)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    run_id = killed.stdout.split()[0]
+
+    models = {step_of(m): m for m in checkpoints(client, [experiment], run_id, ready=False)}
+    assert sorted(models) == [10, 20] and (str(models[10].status), str(models[20].status)) == ("READY", "PENDING")
+    assert score(models[20], "eval/AP_best") == 0.5  # it scored better, but never finished
+    partial = tracking_stack.s3.keys(tracking_stack.bucket, f"mlflow/{experiment}/models/{models[20].model_id}/")
+    assert len(partial) == 1, partial  # some, not all, of its files reached the bucket
+    complete = f"models:/{models[10].model_id}"
+    shown = run_cli("best", "killed-mid-upload", "--json", env=tracking_stack.client_env)
+    assert shown.returncode == 0, shown.stderr
+    [ranked] = json.loads(shown.stdout)["trials"]
+    assert (ranked["checkpoint"], ranked["checkpoint_step"]) == (complete, 10)
+    assert resolve_source("best:killed-mid-upload", resolve_backend(TrackingConfig())).location == complete
+    link = RunLink(tracking_stack.uri, experiment, None)
+    assert best_in_mlflow(link, {"trial_id": "t_00000", "mlflow_run_id": run_id}, load_sweep(QUICKSTART_SWEEP)) == complete
+
+    resumed = TrialRun(link, "t_00000", "trial_t_00000", load_sweep(QUICKSTART_SWEEP).base, {}, "eval/AP_best", "max")
+    resumed.log_report({"step": 30, "train/loss": 0.4, "eval/AP_best": 0.1},
+                       ray.train.Checkpoint.from_directory(str(tmp_path / "step_30")))
+    resumed.finish()
+    # its best (10) and latest (30) kept; the dead upload deleted
+    assert sorted(step_of(m) for m in checkpoints(client, [experiment], run_id, ready=False)) == [10, 30]

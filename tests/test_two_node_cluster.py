@@ -6,11 +6,12 @@ own node. The cluster is started once for this module; its tests run different s
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
@@ -21,33 +22,47 @@ from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
 LR_PATH = "optimizer.learning_rate.learning_rate_base"
 
 
-class TwoNodes(NamedTuple):
-    address: str
-    nodes: set[str]
-    dashboard: str  # where ``ray job submit`` sends jobs
+class TwoNodes:
+    """A head and a second raylet, one CPU each; ``restart`` takes both down and brings up new ones."""
+
+    def __init__(self):
+        self.start()
+
+    def start(self) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        dashboard_port = free_port()
+        # Each node's dashboard agent on a port of its own: both would take Ray's default (52365),
+        # the loser serves no HTTP, and ``ray job submit`` finds no agent when the head's lost.
+        self._cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port,
+            "dashboard_agent_listen_port": free_port()})
+        self._cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
+        self._cluster.wait_for_nodes()
+        ray.init(address=self._cluster.address)
+        self.address, self.dashboard = self._cluster.address, f"http://127.0.0.1:{dashboard_port}"
+        self.nodes: set[str] = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        assert len(self.nodes) == 2
+
+    def stop(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self._cluster.shutdown()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[TwoNodes]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    dashboard_port = free_port()
-    # Each node's dashboard agent on a port of its own: both would take Ray's default (52365),
-    # the loser serves no HTTP, and ``ray job submit`` finds no agent when the head's lost.
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port,
-        "dashboard_agent_listen_port": free_port()})
+    nodes = TwoNodes()
     try:
-        cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address)
-        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-        assert len(nodes) == 2
-        yield TwoNodes(cluster.address, nodes, f"http://127.0.0.1:{dashboard_port}")
+        yield nodes
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        nodes.stop()
 
 
 def test_validate_sizes_a_sweep_for_the_cluster_at_address_not_for_this_machine(cluster, tmp_path):
@@ -91,14 +106,22 @@ print(len(ray.nodes()), ray.get(Probe.options(lifetime="detached").remote().live
     assert (own.stdout.splitlines()[-1], joined.stdout.splitlines()[-1]) == ("1 True", f"{len(cluster.nodes)} True")
 
 
-def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_the_cluster_files_tracking_server(
-        cluster, tmp_path, monkeypatch):
+def test_an_optuna_sweep_by_address_runs_on_both_nodes_logs_to_the_cluster_files_tracking_server_and_outlives_the_cluster(
+        cluster, tracking_stack, tmp_path, monkeypatch):
     """A seeded TPE search, logged to the tracking server started as ``ray_cluster.yaml`` starts
-    it (basic auth, detsweep's user made from the secret file): nobody gets in without
-    credentials; detsweep's reach the trials on both nodes through the environment, and are
-    written nowhere."""
+    it (basic auth, detsweep's user made from the secret file; runs in PostgreSQL, artifacts in
+    a bucket): nobody gets in without credentials; detsweep's reach the trials on both nodes
+    through the environment, and are written nowhere. A second launch of the sweep is refused
+    and changes nothing. Then the cluster goes as ``ray down`` takes it (Ray, its results folder
+    and the head's disk) and a new one comes up, its head's server on the same database and
+    bucket: ``best``, ``finetune --from best:`` and ``export --from best:`` work from MLflow
+    alone, every trial's metric history is whole, and after ``mlflow gc`` the bucket holds the
+    files of each trial's best and latest checkpoints only (of five each)."""
     import optuna
     import requests
+    from mlflow import MlflowClient
+
+    from detsweep.tracking.checkpoint_models import checkpoints
 
     sweep = tiny_sweep(tmp_path, f"""
   metric: train/loss
@@ -108,33 +131,30 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_the_cluster_f
   seed: 3
   space:
     {LR_PATH}: {{distribution: log_uniform_values, min: 0.001, max: 0.02}}
-""", num_steps=10)
-    password, admin_password = "S3cret-for-detsweep-tests", "Adm1n-for-detsweep-tests"
-    secret = {"MLFLOW_AUTH_ADMIN_PASSWORD": admin_password, "MLFLOW_FLASK_SERVER_SECRET_KEY": "detsweep-tests-key",
-              "MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": password}
-    with cluster_mlflow_server(tmp_path, secret) as uri:
-        anonymous = requests.get(f"{uri}/api/2.0/mlflow/experiments/search", params={"max_results": 1}, timeout=30)
-        assert anonymous.status_code == 401, anonymous.text[:300]
-        wrong = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": "wrong"}
-        refused = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=wrong)
-        assert refused.returncode == 2 and refused.stderr.strip() == (
-            f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} refused the credentials in "
-            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (HTTP 401); expected a user it accepts")
-        assert not (tmp_path / "ray").exists()  # refused before anything started
+""", num_steps=10, every=2, name="outlives")
+    uri, secret = tracking_stack.uri, tracking_stack.secret
+    anonymous = requests.get(f"{uri}/api/2.0/mlflow/experiments/search", params={"max_results": 1}, timeout=30)
+    assert anonymous.status_code == 401, anonymous.text[:300]
+    right = tracking_stack.client_env
+    wrong = {**right, "MLFLOW_TRACKING_PASSWORD": "wrong"}
+    refused = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=wrong)
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} refused the credentials in "
+        "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (HTTP 401); expected a user it accepts")
+    assert not (tmp_path / "ray").exists()  # refused before anything started
 
-        right = {**wrong, "MLFLOW_TRACKING_PASSWORD": password}
-        for name, value in right.items():  # for this test's own MlflowClient
-            monkeypatch.setenv(name, value)
-        seen = watch_train_worker_nodes()
-        result, report = launch_json(str(sweep), "--address", cluster.address, cwd=tmp_path, env=right)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "detsweep: sizing trials against the nodes alive now: no cluster config was found" in result.stderr
-        assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
-        assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes
-        assert report["mlflow"]["tracking_uri"] == uri
-        check_mlflow_runs(report, num_steps=10, every=5)  # logged from both nodes, the best model registered
-        for secret_value in (password, admin_password):
-            assert_no_secret(report, secret_value, tmp_path)
+    for name, value in right.items():  # for this test's own MlflowClient
+        monkeypatch.setenv(name, value)
+    seen = watch_train_worker_nodes()
+    result, report = launch_json(str(sweep), "--address", cluster.address, cwd=tmp_path, env=right)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "detsweep: sizing trials against the nodes alive now: no cluster config was found" in result.stderr
+    assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
+    assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes
+    assert report["mlflow"]["tracking_uri"] == uri
+    check_mlflow_runs(report, num_steps=10, every=2)  # logged from both nodes, the best model registered
+    for secret_value in (secret["MLFLOW_TRACKING_PASSWORD"], secret["MLFLOW_AUTH_ADMIN_PASSWORD"]):
+        assert_no_secret(report, secret_value, tmp_path)
     assert not (tmp_path / "mlflow.db").exists()  # everything went through the server
     # TPE starts with its seeded random sampler: the two trials get its first two draws.
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3))
@@ -142,6 +162,77 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_and_logs_to_the_cluster_f
     expected = [study.ask({"x": distribution}).params["x"] for _ in range(2)]
     assert sorted(lr_of(t) for t in report["trials"]) == pytest.approx(sorted(expected))
     assert list(Path(report["path"]).glob("searcher-state-*.pkl"))  # the searcher is saved for resume
+
+    # The same sweep launched again: refused before anything starts, the first left as it was.
+    client = MlflowClient(uri)
+    experiment = report["mlflow"]["experiment_id"]
+    runs_before, saved = len(client.search_runs([experiment])), (Path(report["path"]) / "sweep.yaml").read_text()
+    again = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=right)
+    assert again.returncode == 2 and again.stderr.strip() == (
+        f"detsweep: error: {sweep}: name: found 'outlives', which already ran at {report['path']}; expected a new "
+        f"name (--set name=NEW) or another storage, or to go on with it: detsweep resume {report['path']}")
+    assert len(client.search_runs([experiment])) == runs_before
+    assert (Path(report["path"]) / "sweep.yaml").read_text() == saved
+    histories = {t["mlflow_run_id"]: metric_histories(client, t["mlflow_run_id"]) for t in report["trials"]}
+
+    # `ray down`: Ray, the results folder and the head's MLflow folder go; a new cluster and a
+    # new head's server (its start finds detsweep's user in the database: "password set").
+    cluster.restart()
+    shutil.rmtree(tmp_path / "ray")
+    with cluster_mlflow_server(tmp_path / "new-head", secret) as (new_uri, said):
+        assert said.strip().endswith("MLflow user detsweep: password set"), said
+        new = {**right, "MLFLOW_TRACKING_URI": new_uri}
+        for name, value in new.items():
+            monkeypatch.setenv(name, value)
+        client = MlflowClient(new_uri)
+        assert {run_id: metric_histories(client, run_id) for run_id in histories} == histories
+        assert all(len(h["train/loss"]) == 5 for h in histories.values())  # steps 2, 4, … 10 of each trial
+        best = run_cli("best", "outlives", "--json", cwd=tmp_path, env=new)
+        assert best.returncode == 0, best.stderr[-2000:]
+        ranked = json.loads(best.stdout)["trials"][0]
+        assert ranked["run_id"] == report["best"]["mlflow_run_id"] and ranked["checkpoint"].startswith("models:/m-")
+
+        tuned = run_cli("finetune", "--from", "best:outlives", "--address", cluster.address, "--storage",
+                        str(tmp_path / "ray2"), "--set", "train.num_steps=4", "--set", "train.eval_every=4", "--set",
+                        "train.checkpoint_every=4", "--set", "train.steps_per_loop=2",
+                        "--set", "optimizer.learning_rate.total_steps=4", "--json", cwd=tmp_path, env=new)
+        assert tuned.returncode == 0, tuned.stderr[-3000:]
+        assert json.loads(tuned.stdout)["source"]["checkpoint"] == ranked["checkpoint"]
+        exported = run_cli("export", "--from", "best:outlives", "--out", str(tmp_path / "export"), "--json",
+                           cwd=tmp_path, env=new)
+        assert exported.returncode == 0, exported.stderr[-3000:]
+        assert (tmp_path / "export" / "saved_model.pb").exists()
+
+        # mlflow gc, as the cluster file runs it hourly: the bucket keeps the files of the models
+        # MLflow keeps (each trial's best and latest checkpoint, the fine-tune's, the registered
+        # model) and of no deleted checkpoint
+        [loop] = [c for c in head_commands() if "detsweep.tracking.server gc" in c]
+        gc = loop.split("do ")[1].split(";")[0].replace("/home/ray/mlflow", str(tmp_path / "new-head" / "head-mlflow"))
+        gc = gc.replace("/home/ray/.detsweep/mlflow.env", str(tmp_path / "new-head" / "mlflow.env"))
+        collected = run_bounded(["bash", "-c", gc.replace(" 5000", f" {new_uri.rsplit(':', 1)[1]}")], cwd=REPO,
+                                env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+        assert collected.returncode == 0, collected.stderr[-3000:]
+        deleted = collected.stdout.count("Logged model with ID")
+        assert deleted >= 6, collected.stdout  # 2 trials x 5 checkpoints, at most 2 x 2 kept
+        kept = {model.model_id for model in client.search_logged_models([experiment])}
+        stored = tracking_stack.s3.client().list_objects_v2(Bucket=tracking_stack.bucket, Prefix=f"mlflow/{experiment}/models/")
+        in_bucket = {item["Key"].split("/")[3] for item in stored.get("Contents", [])}
+        assert in_bucket == kept, (in_bucket, kept)
+        for trial in report["trials"]:
+            assert len(checkpoints(client, [experiment], trial["mlflow_run_id"], ready=False)) <= 2
+        size = sum(item["Size"] for item in stored.get("Contents", []))
+        print(f"bucket: {len(in_bucket)} models, {size / 1e6:.1f} MB after gc; {deleted} checkpoints' files removed")
+
+
+def metric_histories(client, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+            for key in ("train/loss", "train/lr", "eval/AP_best")}
+
+
+def head_commands() -> list[str]:
+    import yaml
+
+    return yaml.safe_load((REPO / "ray_cluster.yaml").read_text())["head_start_ray_commands"]
 
 
 def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoint(cluster, tmp_path):

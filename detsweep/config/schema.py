@@ -256,7 +256,7 @@ class FineTuneConfig(Section):
     """Start from another training's checkpoint, as the OD API's ``fine_tune_checkpoint`` does:
     every weight whose name and shape match is restored, the rest starts fresh."""
 
-    checkpoint: str = Field(description="a detsweep checkpoint folder, or an MLflow artifact URI runs:/<run>/<path>")
+    checkpoint: str = Field(description="a detsweep checkpoint folder, or an MLflow checkpoint models:/<model_id> (or an artifact URI runs:/<run>/<path>)")
     from_moving_average: bool = Field(False, description="start from the checkpoint's averaged weights")
     keep_optimizer_state: bool = Field(
         False, description="keep the optimizer's slots and step (training goes on to num_steps); "

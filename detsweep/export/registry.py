@@ -11,7 +11,7 @@ from typing import Any
 import mlflow.pyfunc
 
 import detsweep
-from detsweep.checkpoints import local_folder
+from detsweep.tracking.source import local_copy
 from detsweep.tracking.trial_run import RunLink
 
 MODEL_NAME = "model"
@@ -64,20 +64,22 @@ def signature():
     )
 
 
-def register_best(link: RunLink, name: str, best: dict[str, Any], metric: str, mode: str) -> dict[str, Any]:
-    """Log the best trial's checkpoint as a model in its own run (``best["mlflow_run_id"]``)
-    and register it under ``name``, the averaged weights when they scored better; the new
-    version becomes the ``champion`` unless the champion scored better on ``metric``."""
+def register_best(link: RunLink, name: str, best: dict[str, Any], checkpoint: str, metric: str,
+                  mode: str) -> dict[str, Any]:
+    """Log ``checkpoint`` (the best trial's best READY checkpoint in MLflow, ``models:/…``) as
+    a model in the trial's own run (``best["mlflow_run_id"]``) and register it under ``name``,
+    the averaged weights when they scored better; the new version becomes the ``champion``
+    unless the champion scored better on ``metric``."""
     run_id = best["mlflow_run_id"]
     use_average = best["metrics"].get("eval_ema/AP", -1.0) >= best["metrics"].get("eval/AP", -1.0)
     mlflow.set_tracking_uri(link.uri)
     status = mlflow.MlflowClient(link.uri).get_run(run_id).info.status
     package = str(Path(detsweep.__file__).parent)  # the model's code travels with it
     mlflow.start_run(run_id=run_id)
-    try:  # a checkpoint in a bucket is read through pyarrow, as Ray wrote it
-        with local_folder(best["checkpoint"]) as checkpoint:
+    try:
+        with local_copy(checkpoint, link.uri) as folder:
             info = mlflow.pyfunc.log_model(
-                name=MODEL_NAME, python_model=DetectorModel(), artifacts={"checkpoint": str(checkpoint)},
+                name=MODEL_NAME, python_model=DetectorModel(), artifacts={"checkpoint": str(folder)},
                 model_config={"use_moving_average": use_average}, signature=signature(), code_paths=[package],
                 pip_requirements=requirements(),
             )
@@ -85,8 +87,8 @@ def register_best(link: RunLink, name: str, best: dict[str, Any], metric: str, m
         mlflow.end_run(status)  # the trial's own end (FINISHED, or KILLED if cut short) stays
     score = float(best["metrics"][metric])
     version = mlflow.register_model(info.model_uri, name, tags={
-        "source_run_id": run_id, "moving_average": str(use_average).lower(), "metric": metric, "mode": mode,
-        "score": repr(score)})
+        "source_run_id": run_id, "source_checkpoint": checkpoint, "moving_average": str(use_average).lower(),
+        "metric": metric, "mode": mode, "score": repr(score)})
     champion = crown_if_better(mlflow.MlflowClient(link.uri), name, version.version, metric, mode, score)
     return {"name": name, "version": int(version.version), "model_uri": info.model_uri, "champion": int(champion)}
 

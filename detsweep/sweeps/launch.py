@@ -16,7 +16,15 @@ from detsweep.config.loader import plain
 from detsweep.errors import DetsweepError
 from detsweep.tracking.sweep_run import TrialStatus
 
-from .experiment import as_run, find_experiment, read_outcomes, save_sweep, storage_path, stored_run_link
+from .experiment import (
+    as_run,
+    check_new_sweep,
+    find_experiment,
+    read_outcomes,
+    save_sweep,
+    storage_path,
+    stored_run_link,
+)
 from .resources import Capacity, check_fits, cluster_capacity, from_cluster_config, nodes_alive, trials_at_once
 from .spec import Sweep, grid_of, trial_count
 
@@ -120,6 +128,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     from .tuner import build_tuner
 
     check_storage(sweep.storage, f"{sweep.path}: storage")
+    check_new_sweep(sweep)
     given = configured(sweep, cluster_config)
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
@@ -188,15 +197,31 @@ def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
         trial["mlflow_run_id"] = run_ids.get(trial["trial_id"])
     best = report["best"]
     registered = None
-    if register and best and best["checkpoint"] and best["mlflow_run_id"]:
+    checkpoint = best_in_mlflow(link, best, sweep) if register and best and best["mlflow_run_id"] else None
+    if checkpoint:
         with console.working(f"registering trial {best['trial_id']}'s model in MLflow"):
-            registered = register_best(link, sweep.name, best, sweep.search.metric, sweep.search.mode)
+            registered = register_best(link, sweep.name, best, checkpoint, sweep.search.metric, sweep.search.mode)
         crowned = "the champion" if registered["champion"] == registered["version"] else \
             f"version {registered['champion']} stays the champion (it scored better)"
         console.say(f"MLflow: registered {registered['name']} version {registered['version']}, {crowned}")
     report["mlflow"] = {"tracking_uri": link.uri, "experiment_id": link.experiment_id,
                         "parent_run_id": link.parent_run_id, "registered_model": registered}
     return report
+
+
+def best_in_mlflow(link, best: dict[str, Any], sweep: Sweep) -> str | None:
+    """The best trial's best complete checkpoint in MLflow (``models:/…``), what registration reads."""
+    from mlflow import MlflowClient
+
+    from detsweep.tracking.checkpoint_models import best_checkpoint, model_uri
+
+    found = best_checkpoint(MlflowClient(link.uri), link.experiment_id, best["mlflow_run_id"], sweep.search.metric,
+                            sweep.search.mode)
+    if found is None:
+        console.say(f"MLflow: trial {best['trial_id']} has no complete checkpoint that scored {sweep.search.metric}: "
+                    "nothing registered")
+        return None
+    return model_uri(found)
 
 
 def status(name_or_path: str) -> dict[str, Any]:
@@ -209,5 +234,5 @@ def summary(path: str, sweep: Sweep) -> dict[str, Any]:
     trials = [asdict(row) for row in read_outcomes(path, sweep)]
     finished = [row for row in trials if row["status"] in (TrialStatus.TERMINATED, TrialStatus.STOPPED)]
     cost = {key: sum(trial["cost"][key] for trial in trials) for key in ("cost/cpu_hours", "cost/gpu_hours")}
-    return {"name": sweep.name, "path": path, "metric": sweep.search.metric,
+    return {"name": sweep.name, "path": path, "metric": sweep.search.metric, "mode": sweep.search.mode,
             "trials": trials, "best": finished[0] if finished else None, "cost": cost}

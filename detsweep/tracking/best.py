@@ -14,9 +14,9 @@ from typing import Any
 from detsweep.errors import DetsweepError
 
 from .backend import Backend
-from .trial_run import BEST_STEP_TAG, ROLE_TAG, TRIAL_TAG
+from .checkpoint_models import best_of, checkpoints, model_uri, step_of
+from .trial_run import ROLE_TAG, TRIAL_TAG
 
-CHECKPOINT_ARTIFACT = "checkpoints/best"
 CURVE_METRICS = ("train/", "eval/", "eval_ema/")  # what a learning curve holds (not hparams/, system/, cost/)
 
 
@@ -25,10 +25,11 @@ class RankedTrial:
     run: Any  # mlflow.entities.Run
     value: float | None
     swept: dict[str, Any]
+    checkpoint: Any = None  # its best READY checkpoint by the ranking metric (a LoggedModel), if any
 
     @property
     def has_checkpoint(self) -> bool:
-        return BEST_STEP_TAG in self.run.data.tags
+        return self.checkpoint is not None
 
     def to_dict(self) -> dict[str, Any]:
         run = self.run
@@ -39,8 +40,8 @@ class RankedTrial:
             "value": self.value,
             "swept": self.swept,
             "metrics": dict(run.data.metrics),
-            "checkpoint": f"runs:/{run.info.run_id}/{CHECKPOINT_ARTIFACT}" if self.has_checkpoint else None,
-            "checkpoint_step": int(run.data.tags[BEST_STEP_TAG]) if self.has_checkpoint else None,
+            "checkpoint": model_uri(self.checkpoint) if self.has_checkpoint else None,
+            "checkpoint_step": step_of(self.checkpoint) if self.has_checkpoint else None,
         }
 
 
@@ -78,7 +79,11 @@ def rank_trials(client, name: str, backend: Backend, metric: str | None = None, 
     latest = sweeps[0].data.params if sweeps else {}
     metric = metric or latest.get("search.metric", "eval/AP_best")
     mode = mode or latest.get("search.mode", "max")
-    ranked = [RankedTrial(run, _value(run, metric), _swept(run, swept_paths)) for run in trials]
+    saved: dict[str, list] = {}
+    for model in checkpoints(client, list({run.info.experiment_id for run in trials})):
+        saved.setdefault(model.source_run_id, []).append(model)
+    ranked = [RankedTrial(run, _value(run, metric), _swept(run, swept_paths),
+                          best_of(saved.get(run.info.run_id, []), metric, mode)) for run in trials]
     sign = -1.0 if mode == "max" else 1.0
     ranked.sort(key=lambda row: (row.value is None, sign * row.value if row.value is not None else 0.0))
     return Ranking(name, backend.uri, metric, mode, [sweep.info.run_id for sweep in sweeps], ranked)

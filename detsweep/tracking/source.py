@@ -5,8 +5,9 @@
 - ``checkpoint:<path>``: a detsweep checkpoint directory (a Ray results folder, say), or its
   URI in a bucket (``s3://…``, ``gs://…``: a sweep's storage).
 
-MLflow checkpoints are named by their artifact URI (``runs:/<run_id>/checkpoints/best``),
-which every node of a cluster can download; a copy is fetched here only to read it.
+MLflow checkpoints are READY LoggedModels of a trial's run, named by their URI
+(``models:/<model_id>``), which every node of a cluster can download; a copy is fetched here
+only to read it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from detsweep.checkpoints import check_checkpoint, is_uri, local_folder
 from detsweep.errors import DetsweepError
 
 from .backend import Backend, check_readable
-from .best import CHECKPOINT_ARTIFACT, rank_trials
-from .trial_run import BEST_STEP_TAG, PARENT_TAG
+from .best import rank_trials
+from .checkpoint_models import best_checkpoint, model_uri
+from .trial_run import METRIC_TAG, MODE_TAG, PARENT_TAG
 
 KINDS = ("best:", "run:", "checkpoint:")
 
@@ -30,7 +32,7 @@ KINDS = ("best:", "run:", "checkpoint:")
 @dataclass(frozen=True)
 class CheckpointSource:
     spec: str  # what the user wrote
-    location: str  # a local directory, a bucket's URI, or runs:/<run_id>/checkpoints/best
+    location: str  # a local directory, a bucket's URI, or models:/<model_id>
     run_id: str | None = None  # the MLflow run it comes from
     parent_run_id: str | None = None  # that run's sweep
     experiment_id: str | None = None
@@ -51,12 +53,17 @@ def resolve_source(spec: str, backend: Backend) -> CheckpointSource:
     from mlflow import MlflowClient
 
     client = MlflowClient(backend.uri)
-    run = best_run(client, value, backend) if kind == "best" else get_run(client, value, backend)
-    if BEST_STEP_TAG not in run.data.tags:
-        raise DetsweepError(f"--from {spec}: run {run.info.run_id} has no checkpoint in MLflow "
-                            f"(expected the artifact {CHECKPOINT_ARTIFACT}; did it reach an evaluation?)")
-    return CheckpointSource(spec, f"runs:/{run.info.run_id}/{CHECKPOINT_ARTIFACT}", run.info.run_id,
-                            run.data.tags.get(PARENT_TAG), run.info.experiment_id)
+    if kind == "best":
+        run, checkpoint = best_run(client, value, backend)
+    else:
+        run = get_run(client, value, backend)
+        checkpoint = best_checkpoint(client, run.info.experiment_id, run.info.run_id,
+                                     run.data.tags.get(METRIC_TAG, "eval/AP_best"), run.data.tags.get(MODE_TAG, "max"))
+    if checkpoint is None:
+        raise DetsweepError(f"--from {spec}: run {run.info.run_id} has no complete checkpoint in MLflow "
+                            "(expected a READY checkpoint model that scored the run's metric; did it reach an evaluation?)")
+    return CheckpointSource(spec, model_uri(checkpoint), run.info.run_id, run.data.tags.get(PARENT_TAG),
+                            run.info.experiment_id)
 
 
 def local_source(spec: str, directory: str | Path) -> CheckpointSource:
@@ -75,11 +82,12 @@ def get_run(client, run_id: str, backend: Backend):
 
 
 def best_run(client, experiment: str, backend: Backend):
+    """The best trial's run that has a complete checkpoint, and its best checkpoint."""
     ranked = [row for row in rank_trials(client, experiment, backend).trials if row.has_checkpoint]
     if not ranked:
         raise DetsweepError(f"--from best:{experiment}: no trial of the experiment at {backend.uri} "
-                            "has a checkpoint in MLflow")
-    return ranked[0].run
+                            "has a complete checkpoint in MLflow")
+    return ranked[0].run, ranked[0].checkpoint
 
 
 @contextlib.contextmanager
@@ -91,12 +99,15 @@ def fetched(source: CheckpointSource, backend: Backend) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def local_copy(location: str, tracking_uri: str) -> Iterator[Path]:
-    """``location`` (a folder, a bucket's URI, or an MLflow artifact URI) as a local folder, for the block."""
-    if not location.startswith("runs:/"):
+    """``location`` (a folder, a bucket's URI, or an MLflow URI) as a local folder, for the block."""
+    if not location.startswith(("runs:/", "models:/")):
         with local_folder(location) as directory:
             yield directory
         return
+    from mlflow import MlflowClient
     from mlflow.artifacts import download_artifacts
 
+    if location.startswith("models:/"):  # MLflow 3.17 resolves these with the global tracking URI, not this one
+        location = MlflowClient(tracking_uri).get_logged_model(location.removeprefix("models:/")).artifact_location
     with tempfile.TemporaryDirectory(prefix="detsweep-checkpoint-") as scratch:
         yield Path(download_artifacts(artifact_uri=location, dst_path=scratch, tracking_uri=tracking_uri))

@@ -16,7 +16,8 @@ import detsweep
 from detsweep.checkpoints import is_uri, local_folder, read_step
 
 from .backend import Backend
-from .trial_run import BEST_STEP_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
+from .checkpoint_models import checkpoints, keep_best_and_latest, log_checkpoint, step_of
+from .trial_run import METRIC_TAG, MODE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
 
 RESULTS_TAG = "detsweep.results_path"
 
@@ -75,17 +76,11 @@ def experiment_id(client, name: str, backend: Backend) -> str:
 
 def open_sweep_run(sweep, results_path: str, backend: Backend, as_run: dict[str, Any],
                    tags: dict[str, str] | None = None) -> RunLink:
-    """The sweep's parent run: found by its results path (a resumed sweep), else created."""
+    """A new parent run for a launched sweep (a resumed one keeps the run its trials were given)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(backend.uri)
     experiment = experiment_id(client, sweep.base.tracking.experiment or sweep.name, backend)
-    found = client.search_runs([experiment], max_results=1, filter_string=(
-        f"tags.`{RESULTS_TAG}` = '{results_path}' and tags.`{ROLE_TAG}` = 'sweep'"))
-    if found:
-        run_id = found[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
-        return RunLink(backend.uri, experiment, run_id)
     run = client.create_run(experiment, run_name=sweep.name, tags=sweep_tags(sweep, results_path) | (tags or {}))
     run_id = run.info.run_id
     client.log_batch(run_id, params=search_params(as_run["search"]))
@@ -173,8 +168,8 @@ def end_trial_run(client, run, trial: dict[str, Any]) -> None:
     run_id = run.info.run_id
     step = int(trial["metrics"].get("step", 0))
     client.log_batch(run_id, metrics=[Metric(k, v, 0, step) for k, v in trial["cost"].items()])
-    if BEST_STEP_TAG not in run.data.tags and trial.get("checkpoint"):
-        upload_best_checkpoint(client, run_id, trial["checkpoint"])
+    if trial.get("checkpoint"):
+        keep_tunes_checkpoint(client, run, trial["checkpoint"])
     if status == "KILLED":
         client.set_tag(run_id, "early_stopped", "true")
     if status == "FAILED" and trial.get("error") and "detsweep.error" not in run.data.tags:
@@ -183,15 +178,23 @@ def end_trial_run(client, run, trial: dict[str, Any]) -> None:
         client.set_terminated(run_id, status)
 
 
-def upload_best_checkpoint(client, run_id: str, checkpoint: str) -> None:
+def keep_tunes_checkpoint(client, run, checkpoint: str) -> None:
     """A trial stopped by the scheduler is ended at once, its writer with it, maybe before its
-    best checkpoint reached MLflow; the driver uploads the one Tune kept for it (a folder, or
-    a bucket's URI)."""
+    best checkpoint was READY in MLflow; the driver uploads the one Tune kept for it (a folder,
+    or a bucket's URI) unless the run has it, scored by what the run logged at its step."""
     if not is_uri(checkpoint) and not Path(checkpoint).is_dir():  # gone with its trial's folder
         return
+    run_id, experiment = run.info.run_id, run.info.experiment_id
+    saved = {step_of(model) for model in checkpoints(client, [experiment], run_id)}
     with local_folder(checkpoint) as directory:
-        client.log_artifacts(run_id, str(directory), "checkpoints/best")
-        client.set_tag(run_id, BEST_STEP_TAG, str(read_step(directory)))
+        step = read_step(directory)
+        if step in saved:
+            return
+        points = [point for key in run.data.metrics if key.startswith(("train/", "eval/", "eval_ema/"))
+                  for point in client.get_metric_history(run_id, key) if point.step == step]
+        log_checkpoint(client, experiment, run_id, directory, step, points)
+    keep_best_and_latest(client, experiment, run_id, run.data.tags.get(METRIC_TAG, "eval/AP_best"),
+                         run.data.tags.get(MODE_TAG, "max"))
 
 
 def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]) -> str:

@@ -7,17 +7,20 @@ between a checkpoint and a failure are trained twice; the run keeps the first va
 steps trained twice are not hidden: the run's ``detsweep.replayed_steps`` tag lists them as
 ranges (``12-16, 32-36``), so a restart that went back further than its last checkpoint shows;
 ``detsweep.worker_failures`` counts Ray Train's restarts of the workers, with the last reason.
+
+Each checkpoint becomes a LoggedModel of the run (:mod:`.checkpoint_models`): complete when
+READY, and only the best and the latest are kept.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-import math
 import os
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from detsweep.config import TrialConfig
 from detsweep.evaluation.pictures import PICTURE_KEY, SCHEDULE_PICTURE_KEY
 from detsweep.startup import once_per_start
 
+from .checkpoint_models import keep_best_and_latest, log_checkpoint
 from .datasets import dataset_inputs
 from .writer import RetryingWriter
 
@@ -36,7 +40,7 @@ log = logging.getLogger(__name__)
 TRIAL_TAG = "detsweep.trial_id"
 ROLE_TAG = "detsweep.role"
 PARENT_TAG = "mlflow.parentRunId"
-BEST_STEP_TAG = "detsweep.checkpoint.best_step"
+METRIC_TAG, MODE_TAG = "detsweep.metric", "detsweep.mode"  # what ranks the run's checkpoints
 REPLAYED_TAG = "detsweep.replayed_steps"
 WORKER_FAILURES_TAG = "detsweep.worker_failures"
 MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limit
@@ -87,7 +91,7 @@ class TrialRun:
         self.client = MlflowClient(link.uri)
         self.link, self.trial_id, self.trial_name, self.config = link, trial_id, trial_name, config
         self.metric, self.mode = metric, mode
-        self.tags = {TRIAL_TAG: trial_id, ROLE_TAG: "trial"} | ({PARENT_TAG: link.parent_run_id} if link.parent_run_id else {})
+        self.tags = {TRIAL_TAG: trial_id, ROLE_TAG: "trial", METRIC_TAG: metric, MODE_TAG: mode} | ({PARENT_TAG: link.parent_run_id} if link.parent_run_id else {})
         self.tags |= tags or {}
         self.run_id: str | None = None
         self.reopened = False  # the run was found: a resumed trial's
@@ -96,7 +100,7 @@ class TrialRun:
         self.replayed = ReplayedSteps()
         self.carried: dict[str, float] = {}  # a dropped step's once-per-start metrics, for the next step logged
         self.worker_failures = 0  # Ray Train's restarts of the workers, as the tag counts them
-        self.best: float | None = None
+        self.logged: tuple[int, list] | None = None  # the last step logged and its points, for its checkpoint
         # Checkpoints are uploaded from copies: Ray Train drops its own (num_to_keep) on its
         # schedule, which need not wait for a writer that lags behind a slow server.
         self.snapshots = Path(tempfile.mkdtemp(prefix="detsweep-checkpoints-"))
@@ -131,8 +135,6 @@ class TrialRun:
         self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
         failures = run.data.tags.get(WORKER_FAILURES_TAG)
         self.worker_failures = int(failures.split(":")[0]) if failures else 0
-        best = run.data.tags.get("detsweep.best_value")
-        self.best = float(best) if best is not None else None
         self.run_id, self.reopened = run.info.run_id, True
         self.opened.set()
 
@@ -176,9 +178,9 @@ class TrialRun:
 
     def log_report(self, metrics: dict[str, Any], checkpoint=None) -> None:
         """One report of Ray Train: its metrics at its step, and its checkpoint when it has one."""
-        step = int(metrics.get("step", 0))
+        step, now = int(metrics.get("step", 0)), int(time.time() * 1000)
         values = {k: float(v) for k, v in metrics.items() if "/" in k and isinstance(v, (int, float))}
-        self.writer.submit(f"metrics at step {step}", lambda: self._log_metrics(step, values))
+        self.writer.submit(f"metrics at step {step}", lambda: self._log_metrics(step, values, now))
         if metrics.get(PICTURE_KEY):
             png = base64.b64decode(metrics[PICTURE_KEY])
             self.writer.submit(f"the picture at step {step}", lambda: self._log_picture(step, png, "detections"))
@@ -186,9 +188,8 @@ class TrialRun:
             schedule = base64.b64decode(metrics[SCHEDULE_PICTURE_KEY])
             self.writer.submit("the learning-rate schedule", lambda: self._log_picture(None, schedule, ""))
         if checkpoint is not None:
-            score = values.get(self.metric)
             copy = self._snapshot(checkpoint, step)
-            self.writer.submit(f"the checkpoint at step {step}", lambda: self._log_checkpoint(copy, step, score))
+            self.writer.submit(f"the checkpoint at step {step}", lambda: self._log_checkpoint(copy, step))
 
     def note_replayed(self, step: int) -> None:
         """``step`` was trained again after it was reported (a restart from an earlier checkpoint)."""
@@ -206,9 +207,7 @@ class TrialRun:
         self.replayed.add(step)
         self.client.set_tag(self.run_id, REPLAYED_TAG, str(self.replayed))
 
-    def _log_metrics(self, step: int, values: dict[str, float], force: bool = False) -> None:
-        import time
-
+    def _log_metrics(self, step: int, values: dict[str, float], now: int | None = None, force: bool = False) -> None:
         from mlflow.entities import Metric
 
         if force:  # values from here on; never at a step this key already has
@@ -216,15 +215,16 @@ class TrialRun:
         elif step <= self.last_step:  # this run has it: a resumed trial went back to its checkpoint
             self._note_replayed(step)
             self.carried |= once_per_start(values)
+            self.logged = None  # a checkpoint at this step is not what scored the run's values here
             return
         else:
             values, self.carried = {**self.carried, **values}, {}
         if not values:
             return
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+        points = [Metric(k, v, now or int(time.time() * 1000), step) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=points)
         if not force:
-            self.last_step = step
+            self.last_step, self.logged = step, (step, points)
             self.replayed.close_range()
 
     def _log_picture(self, step: int | None, png: bytes, folder: str) -> None:
@@ -244,19 +244,14 @@ class TrialRun:
             shutil.copytree(directory, copy, copy_function=_link_or_copy)
         return copy
 
-    def _log_checkpoint(self, directory: Path, step: int, score: float | None) -> None:
-        # The best first: a trial stopped by the scheduler ends at once, mid-way perhaps.
-        if score is not None and not math.isnan(score) and self._improves(score):
-            self.client.log_artifacts(self.run_id, str(directory), "checkpoints/best")
-            self.best = score
-            self.client.set_tag(self.run_id, BEST_STEP_TAG, str(step))
-            self.client.set_tag(self.run_id, "detsweep.best_value", repr(score))
-        self.client.log_artifacts(self.run_id, str(directory), "checkpoints/latest")
-        self.client.set_tag(self.run_id, "detsweep.checkpoint.latest_step", str(step))
+    def _log_checkpoint(self, directory: Path, step: int) -> None:
+        """A new READY checkpoint, scored by what the run logged at its step; then the run keeps
+        only its best and latest. A retry after a partial upload starts a new model: the
+        unfinished one stays PENDING until this prune deletes it."""
+        scored = self.logged[1] if self.logged and self.logged[0] == step else []
+        log_checkpoint(self.client, self.link.experiment_id, self.run_id, directory, step, scored)
+        keep_best_and_latest(self.client, self.link.experiment_id, self.run_id, self.metric, self.mode)
         shutil.rmtree(directory, ignore_errors=True)
-
-    def _improves(self, score: float) -> bool:
-        return self.best is None or (score > self.best if self.mode == "max" else score < self.best)
 
     def finish(self, error: str | None = None, timeout_s: float = 120.0) -> None:
         """The trial ended on its own: FINISHED, or FAILED with its reason."""

@@ -54,7 +54,7 @@ class Source:
 def restore_what_fits(state: TrainingState, config: TrialConfig, directory: Path | None = None) -> WarmStart:
     """Fill ``state`` from the checkpoint in ``directory`` as far as it fits (see the module's
     doc). ``directory``: a local copy of ``train.fine_tune.checkpoint``, which is the default
-    when it names a folder (a ``runs:/`` source is the caller's to download)."""
+    when it names a folder (an MLflow source is the caller's to download)."""
     fine_tune = config.train.fine_tune
     source = read_source(directory or Path(fine_tune.checkpoint), fine_tune.from_moving_average)
     model_weights = {weight.path: weight for weight in state.model.weights}

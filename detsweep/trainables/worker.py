@@ -26,7 +26,7 @@ def quiet_report_logging() -> None:
 
 
 def fine_tune_source(config: TrialConfig) -> contextlib.AbstractContextManager[Path]:
-    """``train.fine_tune.checkpoint`` as a local folder: a ``runs:/`` source is downloaded
+    """``train.fine_tune.checkpoint`` as a local folder: a ``models:/`` or ``runs:/`` source is downloaded
     from the run's tracking server into a scratch folder that lasts the block."""
     from detsweep.tracking.backend import resolve_backend
     from detsweep.tracking.source import local_copy
@@ -122,7 +122,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             # A fine-tune starts from another training's checkpoint unless it resumes its own.
             fine_tune = config.train.fine_tune if restore_from is None else None
             fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
-            # After the download (a runs:/ source imports MLflow on this thread): two threads
+            # After the download (an MLflow source imports MLflow on this thread): two threads
             # importing MLflow at once can meet a half-initialised module.
             monitor = NodeMonitor(loop_config["system_metrics"]) if monitors else None
             pictures = loop_config.get("pictures", False)
