@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from bench.common import free_port
-from detsweep.tracking.checkpoint_models import checkpoints, step_of
+from detsweep.tracking.checkpoint_models import best_checkpoint, checkpoints, step_of
 
 from .conftest import REPO, commands_in_group, kill_session, time_left
 
@@ -108,7 +108,7 @@ def check_best_checkpoint(client, report: dict, run, into: Path) -> Path:
     at its step; returns where it was downloaded."""
     import shutil
 
-    from detsweep.tracking.checkpoint_models import best_checkpoint, model_uri, step_of
+    from detsweep.tracking.checkpoint_models import model_uri
     from detsweep.tracking.source import local_copy
     from detsweep.train.restore import load_trained_model
 
@@ -273,8 +273,8 @@ def _log_text(tmp_path: Path) -> str:
 def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
     """``detsweep ui`` in ``cwd`` (the embedded backend there), and Debian's Chromium, headless,
     as a user goes: the experiment's page with the sweep's run, expanded to its trials; the
-    sweep's metric and cost as columns (the Columns menu); the registered model's page with its
-    champion. Screenshots of each go to ``screenshots``."""
+    sweep's metric and cost as columns (the Columns menu); the best trial's page with its
+    checkpoints; the registered model's page with its champion. Screenshots of each go to ``screenshots``."""
     import os
     import signal
 
@@ -330,16 +330,25 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
 
         WebDriverWait(browser, 10).until(lambda _: set(columns) <= set(shown_columns()))
         # the sweep's cost, as MLflow holds it, in the sweep's row; each trial's dataset in its own
-        sweep_run = MlflowClient(report["mlflow"]["tracking_uri"]).get_run(report["mlflow"]["parent_run_id"])
+        client = MlflowClient(report["mlflow"]["tracking_uri"])
+        sweep_run = client.get_run(report["mlflow"]["parent_run_id"])
         total = sweep_run.data.metrics["cost/cpu_hours"]
         WebDriverWait(browser, 10).until(lambda _: any(report["name"] in row and repr(total) in row for row in rows()))
         assert sum("synthetic-3c-128px-seed1" in row for row in rows()) == len(report["trials"]), rows()
         browser.save_screenshot(str(screenshots / "runs.png"))
 
+        page = lambda: browser.find_element(By.TAG_NAME, "body").text  # noqa: E731
+        # the best trial's page lists its checkpoints (its logged models), the best among them
+        best = report["best"]
+        checkpoint = best_checkpoint(client, report["mlflow"]["experiment_id"], best["mlflow_run_id"], report["metric"],
+                                     report["mode"])
+        browser.get(f"http://127.0.0.1:{port}/#/experiments/{report['mlflow']['experiment_id']}/runs/{best['mlflow_run_id']}")
+        WebDriverWait(browser, 30).until(lambda _: checkpoint.name in page())
+        browser.save_screenshot(str(screenshots / "trial.png"))
+
         registered = report["mlflow"]["registered_model"]
         if registered:
             browser.get(f"http://127.0.0.1:{port}/#/models/{registered['name']}")
-            page = lambda: browser.find_element(By.TAG_NAME, "body").text  # noqa: E731
             WebDriverWait(browser, 30).until(lambda _: "@ champion" in page())
             browser.save_screenshot(str(screenshots / "model.png"))
         for picture in screenshots.glob("*.png"):

@@ -603,3 +603,29 @@ def test_a_trial_killed_mid_upload_leaves_a_pending_checkpoint_that_best_finetun
     resumed.finish()
     # its best (10) and latest (30) kept; the dead upload deleted
     assert sorted(step_of(m) for m in checkpoints(client, [experiment], run_id, ready=False)) == [10, 30]
+
+
+def test_the_heads_server_without_a_database_says_its_runs_die_with_the_cluster_and_reads_its_secrets_as_data(tmp_path):
+    """The cluster file's start with a secret file that names no database or bucket: a
+    try-it-out server on the head's disk, whose start says so in one line before the user's.
+    A value that shell would run is only text; a file naming one store of the two is refused."""
+    from .mlflow_checks import cluster_mlflow_server
+
+    ran = tmp_path / "ran"
+    secret = {"MLFLOW_AUTH_ADMIN_PASSWORD": "Adm1n-for-detsweep-tests", "MLFLOW_FLASK_SERVER_SECRET_KEY": f"$(touch {ran})",
+              "MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": "S3cret-for-detsweep-tests"}
+    with cluster_mlflow_server(tmp_path, secret) as (uri, said):
+        head = tmp_path / "head-mlflow"
+        assert said.splitlines() == [
+            f"detsweep: MLflow keeps its runs in {head} on this node: they die with the cluster (ray down); set "
+            f"MLFLOW_BACKEND_STORE_URI and MLFLOW_ARTIFACTS_DESTINATION in {tmp_path / 'mlflow.env'} to keep them "
+            "outside it", "MLflow user detsweep: created"]
+        assert (head / "mlflow.db").is_file() and not ran.exists()
+        assert (head / "basic_auth.ini").stat().st_mode & 0o777 == 0o600
+    half = tmp_path / "half.env"
+    half.write_text("".join(f"{k}={v}\n" for k, v in secret.items()) + "MLFLOW_BACKEND_STORE_URI=postgresql://x/y\n")
+    refused = run_bounded([sys.executable, "-m", "detsweep.tracking.server", "start", str(tmp_path / "half"), str(half),
+                           str(free_port())], timeout=120, cwd=REPO)
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"{half}: found MLFLOW_BACKEND_STORE_URI alone; expected both of MLFLOW_BACKEND_STORE_URI and "
+        "MLFLOW_ARTIFACTS_DESTINATION (runs and their artifacts outside the cluster) or neither (both on the head)")

@@ -36,7 +36,7 @@ def log_checkpoint(client, experiment_id: str, run_id: str, directory: Path, ste
 
     ``metrics``: ``mlflow.entities.Metric`` points the run already has (same key, value, step
     and timestamp), linked to the checkpoint; MLflow keeps a run's identical points once."""
-    from mlflow.entities import Metric
+    from mlflow.entities import LoggedModelOutput, Metric
 
     model = client.create_logged_model(experiment_id, name=f"checkpoint-{step:06d}", source_run_id=run_id,
                                        tags={STEP_TAG: str(step)}, model_type=KIND)
@@ -44,7 +44,9 @@ def log_checkpoint(client, experiment_id: str, run_id: str, directory: Path, ste
     if linked:
         client.log_batch(run_id, metrics=linked)
     client.log_model_artifacts(model.model_id, str(directory))
-    return client.finalize_logged_model(model.model_id, "READY")
+    ready = client.finalize_logged_model(model.model_id, "READY")
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])  # the run page's "Logged models"
+    return ready
 
 
 def checkpoints(client, experiment_ids: list[str], run_id: str | None = None, ready: bool = True) -> list:
