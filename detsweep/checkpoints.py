@@ -69,7 +69,14 @@ def local_folder(location: str | Path) -> Iterator[Path]:
 
 
 def read_meta(directory: str | Path) -> dict[str, Any]:
-    return json.loads((Path(directory) / META_FILE).read_text())
+    """``meta.json`` of a checkpoint folder, or of one in a bucket (that file alone is read)."""
+    if not is_uri(directory):
+        return json.loads((Path(directory) / META_FILE).read_text())
+    import pyarrow.fs
+
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(f"{str(directory).rstrip('/')}/{META_FILE}")
+    with filesystem.open_input_stream(path) as stream:
+        return json.loads(stream.readall())
 
 
 def read_step(directory: str | Path) -> int:

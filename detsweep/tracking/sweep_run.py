@@ -184,14 +184,12 @@ def keep_tunes_checkpoint(client, run, checkpoint: str) -> None:
     or a bucket's URI) unless the run has it, scored by what the run logged at its step."""
     if not is_uri(checkpoint) and not Path(checkpoint).is_dir():  # gone with its trial's folder
         return
-    run_id, experiment = run.info.run_id, run.info.experiment_id
-    saved = {step_of(model) for model in checkpoints(client, [experiment], run_id)}
+    run_id, experiment, step = run.info.run_id, run.info.experiment_id, read_step(checkpoint)
+    if step in {step_of(model) for model in checkpoints(client, [experiment], run_id)}:
+        return
+    points = [point for key in run.data.metrics if key.startswith(("train/", "eval/", "eval_ema/"))
+              for point in client.get_metric_history(run_id, key) if point.step == step]
     with local_folder(checkpoint) as directory:
-        step = read_step(directory)
-        if step in saved:
-            return
-        points = [point for key in run.data.metrics if key.startswith(("train/", "eval/", "eval_ema/"))
-                  for point in client.get_metric_history(run_id, key) if point.step == step]
         log_checkpoint(client, experiment, run_id, directory, step, points)
     keep_best_and_latest(client, experiment, run_id, run.data.tags.get(METRIC_TAG, "eval/AP_best"),
                          run.data.tags.get(MODE_TAG, "max"))
