@@ -107,6 +107,19 @@ def test_the_writer_gives_up_on_a_refusal_at_once_and_on_an_outage_at_its_deadli
     assert calls == [1] and time.monotonic() - started < 10
 
 
+def test_the_writer_counts_a_write_still_in_flight_at_its_deadline_as_lost():
+    """A call the server never answers (a hung request) is given up at close: lost, as is
+    everything queued behind it."""
+    hung = threading.Event()
+    writer = RetryingWriter()
+    writer.submit("hung", hung.wait)
+    writer.submit("queued", lambda: None)
+    try:
+        assert writer.close(timeout_s=0.5) == ["hung", "queued"]
+    finally:
+        hung.set()
+
+
 def checkpoint_dir(tmp_path: Path, step: int) -> Path:
     directory = tmp_path / f"checkpoint_{step}"
     directory.mkdir()

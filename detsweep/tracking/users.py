@@ -1,18 +1,15 @@
-"""``python -m detsweep.tracking.users URI [SERVER_PID]``: on a tracking server running MLflow's basic-auth
-app, make sure the user named in ``MLFLOW_TRACKING_USERNAME`` exists with the password in
-``MLFLOW_TRACKING_PASSWORD``, acting as the admin (``MLFLOW_AUTH_ADMIN_USERNAME``, default
-``admin``, and ``MLFLOW_AUTH_ADMIN_PASSWORD``). The cluster's head runs it once its server
-is up (``cluster/mlflow_server.sh``); run again, it sets the password anew."""
+"""detsweep's user on a tracking server running MLflow's basic-auth app: made, or its password
+set anew, by the admin once the server answers (:mod:`.server` starts the cluster's)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
 import time
+import warnings
+from collections.abc import Iterator
 
 import requests
-
-USERS = "/api/2.0/mlflow/users"
 
 
 def wait_for_server(uri: str, pid: int | None = None, timeout_s: float = 300) -> None:
@@ -48,28 +45,37 @@ def _zombie(pid: int) -> bool:
 
 
 def ensure_user(uri: str, admin: tuple[str, str], username: str, password: str) -> str:
-    """Create ``username`` with ``password``, or set that password if the user exists; returns
-    what was done: "created" or "password set"."""
-    session = requests.Session()
-    session.auth = admin
-    found = session.get(f"{uri}{USERS}/get", params={"username": username}, timeout=30)
-    if found.status_code == 404:
-        session.post(f"{uri}{USERS}/create", json={"username": username, "password": password},
-                     timeout=30).raise_for_status()
-        return "created"
-    found.raise_for_status()
-    session.patch(f"{uri}{USERS}/update-password", json={"username": username, "password": password},
-                  timeout=30).raise_for_status()
-    return "password set"
+    """Create ``username`` with ``password``, or set that password if the user exists, as the
+    admin, through MLflow's own client of the basic-auth app; returns what was done: "created"
+    or "password set"."""
+    from mlflow.exceptions import MlflowException
+
+    # MLflow's server app, imported on the way, warns of starlette's future on stderr: not ours to say.
+    with warnings.catch_warnings(), _credentials(*admin):  # where MLflow's REST client reads them
+        warnings.simplefilter("ignore")
+        from mlflow.server import get_app_client
+
+        client = get_app_client("basic-auth", tracking_uri=uri)
+        try:
+            client.get_user(username)
+        except MlflowException as missing:
+            if missing.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            client.create_user(username, password)
+            return "created"
+        client.update_user_password(username, password)
+        return "password set"
 
 
-def main(argv: list[str]) -> None:
-    uri, pid = argv[0], int(argv[1]) if len(argv) > 1 else None
-    admin = (os.environ.get("MLFLOW_AUTH_ADMIN_USERNAME", "admin"), os.environ["MLFLOW_AUTH_ADMIN_PASSWORD"])
-    username, password = os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
-    wait_for_server(uri, pid)
-    print(f"MLflow user {username}: {ensure_user(uri, admin, username, password)}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+@contextlib.contextmanager
+def _credentials(username: str, password: str) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    os.environ.update({"MLFLOW_TRACKING_USERNAME": username, "MLFLOW_TRACKING_PASSWORD": password})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -21,6 +21,7 @@ class RetryingWriter:
         self._max_backoff_s = max_backoff_s
         self._deadline: float | None = None
         self.lost: list[str] = []
+        self._in_flight: str | None = None  # what the thread is writing now
         self._thread = threading.Thread(target=self._run, name="mlflow-writer", daemon=True)
         self._thread.start()
 
@@ -28,10 +29,14 @@ class RetryingWriter:
         self._calls.put((what, call))
 
     def close(self, timeout_s: float = 60.0) -> list[str]:
-        """Wait up to ``timeout_s`` for what is queued; returns what could not be written."""
+        """Wait up to ``timeout_s`` for what is queued; returns what could not be written: what
+        failed, what was still queued, and a write still in flight (given up on, though the
+        server may yet take it)."""
         self._deadline = time.monotonic() + timeout_s
         self._calls.put(None)
         self._thread.join(timeout_s + 1)
+        if self._thread.is_alive() and (in_flight := self._in_flight) is not None:
+            self.lost.append(in_flight)
         while not self._calls.empty():
             item = self._calls.get_nowait()
             if item is not None:
@@ -41,8 +46,10 @@ class RetryingWriter:
     def _run(self) -> None:
         while (item := self._calls.get()) is not None:
             what, call = item
+            self._in_flight = what
             if not self._call_until_done(what, call):
                 self.lost.append(what)
+            self._in_flight = None
 
     def _call_until_done(self, what: str, call: Callable[[], object]) -> bool:
         backoff = 1.0
