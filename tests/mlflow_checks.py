@@ -190,7 +190,13 @@ def cluster_mlflow_server(folder: Path, secret: dict[str, str]) -> Iterator[tupl
             pytest.fail(f"the head's MLflow start did not return; it said:\n{started.communicate()[0]}")
         assert started.returncode == 0, said
         assert re.search(rf"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: (created|password set)$", said.strip()), said
-        assert not any("huey" in command for command in commands_in_group(started.pid).values())  # MLflow's job runner is off
+        commands = commands_in_group(started.pid).values()
+        assert not any("huey" in command for command in commands)  # MLflow's job runner is off
+        # no secret on a command line (what `ps` shows anyone on the head) or in the server's log
+        log = (folder / "head-mlflow" / "server.log").read_text(errors="replace")
+        hidden = [secret[key] for key in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_TRACKING_PASSWORD",
+                                          "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_BACKEND_STORE_URI") if key in secret]
+        assert not [value for value in hidden if any(value in text for text in [*commands, log, said])]
         yield f"http://127.0.0.1:{port}", said
     finally:
         with contextlib.suppress(ProcessLookupError):
