@@ -60,8 +60,13 @@ def checkpoints(client, experiment_ids: list[str], run_id: str | None = None, re
         found.extend(page)
         if not (token := page.token):
             break
-    # Not in the filter: MLflow 3.17 stores the status as a number and compares it with the text 'READY'.
-    return [model for model in found if not ready or str(model.status) == "READY"]
+    return [model for model in found if not ready or is_ready(model)]
+
+
+def is_ready(model) -> bool:
+    """Every file uploaded. Not a search filter: MLflow 3.17 stores the status as a number and
+    compares it with the text 'READY'."""
+    return str(model.status) == "READY"
 
 
 def score(model, metric: str) -> float | None:
@@ -90,7 +95,7 @@ def keep_best_and_latest(client, experiment_id: str, run_id: str, metric: str, m
     """Delete the run's checkpoints but its best and its latest READY ones (PENDING ones too:
     uploads that died). Returns the deleted models' ids."""
     every = checkpoints(client, [experiment_id], run_id, ready=False)
-    ready = [model for model in every if str(model.status) == "READY"]
+    ready = [model for model in every if is_ready(model)]
     kept = {model.model_id for model in (best_of(ready, metric, mode), latest_of(ready)) if model is not None}
     doomed = [model.model_id for model in every if model.model_id not in kept]
     for model_id in doomed:

@@ -24,7 +24,7 @@ from detsweep.errors import DetsweepError
 from .backend import Backend, check_readable
 from .best import rank_trials
 from .checkpoint_models import best_checkpoint, model_uri
-from .trial_run import METRIC_TAG, MODE_TAG, PARENT_TAG
+from .trial_run import PARENT_TAG, ranked_by
 
 KINDS = ("best:", "run:", "checkpoint:")
 
@@ -57,8 +57,7 @@ def resolve_source(spec: str, backend: Backend) -> CheckpointSource:
         run, checkpoint = best_run(client, value, backend)
     else:
         run = get_run(client, value, backend)
-        checkpoint = best_checkpoint(client, run.info.experiment_id, run.info.run_id,
-                                     run.data.tags.get(METRIC_TAG, "eval/AP_best"), run.data.tags.get(MODE_TAG, "max"))
+        checkpoint = best_checkpoint(client, run.info.experiment_id, run.info.run_id, *ranked_by(run))
     if checkpoint is None:
         raise DetsweepError(f"--from {spec}: run {run.info.run_id} has no complete checkpoint in MLflow "
                             "(expected a READY checkpoint model that scored the run's metric; did it reach an evaluation?)")

@@ -16,8 +16,9 @@ import detsweep
 from detsweep.checkpoints import is_uri, local_folder, read_step
 
 from .backend import Backend
+from .best import CURVE_METRICS
 from .checkpoint_models import checkpoints, keep_best_and_latest, log_checkpoint, step_of
-from .trial_run import METRIC_TAG, MODE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
+from .trial_run import PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten, ranked_by
 
 RESULTS_TAG = "detsweep.results_path"
 
@@ -187,12 +188,11 @@ def keep_tunes_checkpoint(client, run, checkpoint: str) -> None:
     run_id, experiment, step = run.info.run_id, run.info.experiment_id, read_step(checkpoint)
     if step in {step_of(model) for model in checkpoints(client, [experiment], run_id)}:
         return
-    points = [point for key in run.data.metrics if key.startswith(("train/", "eval/", "eval_ema/"))
+    points = [point for key in run.data.metrics if key.startswith(CURVE_METRICS)
               for point in client.get_metric_history(run_id, key) if point.step == step]
     with local_folder(checkpoint) as directory:
         log_checkpoint(client, experiment, run_id, directory, step, points)
-    keep_best_and_latest(client, experiment, run_id, run.data.tags.get(METRIC_TAG, "eval/AP_best"),
-                         run.data.tags.get(MODE_TAG, "max"))
+    keep_best_and_latest(client, experiment, run_id, *ranked_by(run))
 
 
 def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]) -> str:

@@ -69,6 +69,11 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
     return {prefix.rstrip("."): text}
 
 
+def ranked_by(run) -> tuple[str, str]:
+    """The metric and mode that rank a trial run's checkpoints (a run older than the tags: the default sweep's)."""
+    return run.data.tags.get(METRIC_TAG, "eval/AP_best"), run.data.tags.get(MODE_TAG, "max")
+
+
 def find_trial_run(client, link: RunLink, trial_id: str):
     nested = f" and tags.`{PARENT_TAG}` = '{link.parent_run_id}'" if link.parent_run_id else ""
     runs = client.search_runs([link.experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'{nested}",
