@@ -21,6 +21,7 @@ BENCHMARKS = {
     "early_stopping": ["bench.early_stopping"],
     "replay_settings": ["bench.replay_settings"],
     "tracking_server": ["bench.tracking_server"],
+    "tracking_load": ["bench.tracking_load"],
 }
 
 

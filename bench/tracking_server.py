@@ -29,13 +29,11 @@ def requests_per_second(auth_ini: str, requests: int, folder: Path) -> float:
 
     from detsweep.tracking import server
 
-    secret, port = folder / "mlflow.env", free_port()
-    secret.write_text("".join(f"{name}={value}\n" for name, value in {
-        "MLFLOW_AUTH_ADMIN_PASSWORD": "Bench-admin-for-detsweep", "MLFLOW_FLASK_SERVER_SECRET_KEY": "bench", **USER,
-    }.items()))
+    credentials, port = folder / "mlflow.env", free_port()
+    credentials.write_text("".join(f"{name}={value}\n" for name, value in USER.items()))
     path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     with mock.patch.object(server, "AUTH_INI", auth_ini), mock.patch.dict(os.environ, path):
-        started = server.start(folder / "server", secret, port)
+        started = server.start(folder / "server", credentials, port)  # the head's own admin: a try-it-out server
     try:
         with mock.patch.dict(os.environ, USER):  # MLflow's client reads its credentials there
             client = MlflowClient(f"http://127.0.0.1:{port}")

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The cluster's MLflow tracking server, started by ray_cluster.yaml on the head:
-#   mlflow_server.sh FOLDER SECRET_FILE PORT
-# MLflow's basic-auth app, its runs in the database and its artifacts in the bucket that the
-# secret file names (MLFLOW_BACKEND_STORE_URI, MLFLOW_ARTIFACTS_DESTINATION), so that they
-# outlive the cluster; without them, in FOLDER on the head, and the start says they die with
-# it. The secret file is read as data, never run (detsweep/tracking/server.py says what it
-# holds). Returns once the server answers and detsweep's user exists; nothing secret is logged.
+#   mlflow_server.sh start|gc FOLDER CREDENTIALS PORT [--head-secret SOURCE] [--tls AUTHORITY_CERT]
+# MLflow's basic-auth app, over HTTPS with the certificate `tls` made at `ray up`; its runs in
+# the database and its artifacts in the bucket the head's secret names (Secrets Manager,
+# which only the head reads), so that they outlive the cluster; without them, in FOLDER on
+# the head, and the start says they die with it. CREDENTIALS is detsweep's user, the file
+# every node holds. Both are read as data, never run (detsweep/tracking/credentials.py).
+# `start` returns once the server answers and detsweep's user exists; nothing secret is logged.
 set -euo pipefail
-exec python -m detsweep.tracking.server start "$1" "$2" "$3"
+exec python -m detsweep.tracking.server "$@"

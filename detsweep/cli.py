@@ -270,7 +270,9 @@ def ui_command(args: argparse.Namespace) -> int:
 
     backend = resolve_backend(_tracking_of(args.config))
     if backend.is_server:
-        print(f"MLflow: {backend.uri}")
+        authority = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH")
+        trust = f" (a browser trusts it once it trusts {authority})" if authority and backend.uri.startswith("https") else ""
+        print(f"MLflow: {backend.uri}{trust}")
         return 0
     command = ui_command_line(backend, args.port)
     print(f"MLflow: http://127.0.0.1:{args.port} ({' '.join(command)})", flush=True)

@@ -84,11 +84,14 @@ class TrackingStack:
     bucket: str  # its artifacts' bucket
     folder: Path  # the "head's" folders, the database's, the secret file
     said: str  # what its start printed
+    authority: Path  # the certificate its clients trust
 
     @property
     def client_env(self) -> dict[str, str]:
-        """What a client of the cluster holds: the server's address and detsweep's user, nothing of the bucket."""
-        return {"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_TRACKING_USERNAME": self.secret["MLFLOW_TRACKING_USERNAME"],
+        """What a client of the cluster holds: the server's address, the certificate to trust and
+        detsweep's user, nothing of the bucket."""
+        return {"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_TRACKING_SERVER_CERT_PATH": str(self.authority),
+                "MLFLOW_TRACKING_USERNAME": self.secret["MLFLOW_TRACKING_USERNAME"],
                 "MLFLOW_TRACKING_PASSWORD": self.secret["MLFLOW_TRACKING_PASSWORD"]}
 
 

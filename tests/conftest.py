@@ -239,8 +239,10 @@ def s3(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tracking_stack(s3):
     """The cluster's tracking stack for the whole run, as ``ray_cluster.yaml`` starts it on the
-    head: MLflow's basic-auth server, its runs in a PostgreSQL server and its artifacts in a
-    bucket of the S3 server (both outside "the cluster"), its credentials in a secret file."""
+    head: MLflow's basic-auth server over HTTPS with the certificate the head makes, its runs
+    in a PostgreSQL server and its artifacts in a bucket of the S3 server (both outside "the
+    cluster"), the head's secret in Secrets Manager (moto's too) and detsweep's user in the
+    trials' file."""
     import shutil
     import tempfile
 
@@ -254,8 +256,8 @@ def tracking_stack(s3):
             secret = {"MLFLOW_AUTH_ADMIN_PASSWORD": "Adm1n-for-detsweep-tests",
                       "MLFLOW_FLASK_SERVER_SECRET_KEY": "detsweep-tests-key", "MLFLOW_TRACKING_USERNAME": "detsweep",
                       "MLFLOW_TRACKING_PASSWORD": "S3cret-for-detsweep-tests", "MLFLOW_BACKEND_STORE_URI": database,
-                      "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{s3.new_bucket('mlflow-artifacts')}/mlflow", **s3.env}
-            with cluster_mlflow_server(folder / "head", secret) as (uri, said):
-                yield TrackingStack(uri, secret, s3, "mlflow-artifacts", folder, said)
+                      "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{s3.new_bucket('mlflow-artifacts')}/mlflow"}
+            with cluster_mlflow_server(folder / "head", secret, s3.env) as head:
+                yield TrackingStack(head.uri, secret, s3, "mlflow-artifacts", folder, head.said, head.authority)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -162,26 +163,62 @@ def check_registered_model(client, report: dict, run, checkpoint: Path) -> None:
             np.testing.assert_allclose(served[key], expected[key], atol=1e-4, err_msg=key)
 
 
-@contextlib.contextmanager
-def cluster_mlflow_server(folder: Path, secret: dict[str, str]) -> Iterator[tuple[str, str]]:
-    """The tracking server as ``ray_cluster.yaml`` starts it on the head: its command line, read
-    from the file, with the head's folders moved under ``folder``, ``secret`` as the
-    credentials file and a free port. Yields its URI and what the start said, once the command
-    returned (the server answers and detsweep's user exists); the server is stopped at the end."""
+HEAD_SECRET = "secretsmanager:detsweep/mlflow-head"
+
+
+def head_command(command: str, folder: Path, port: int, secret_name: str) -> str:
+    """A command of ``ray_cluster.yaml``'s head with the head's paths under ``folder``, the
+    server on ``port`` and its secret named ``secret_name`` in Secrets Manager."""
+    return (command.replace("/home/ray/detsweep/cluster/tls/ca.crt", str(folder / "ca.crt"))
+            .replace("/home/ray/detsweep", str(REPO)).replace("/home/ray/.detsweep/mlflow.env", str(folder / "mlflow.env"))
+            .replace("/home/ray/mlflow", str(folder / "head-mlflow")).replace(" 5000", f" {port}")
+            .replace(HEAD_SECRET, f"secretsmanager:{secret_name}"))
+
+
+def head_commands(key: str) -> list[str]:
     import yaml
 
-    [command] = [c for c in yaml.safe_load((REPO / "ray_cluster.yaml").read_text())["head_start_ray_commands"]
-                 if "mlflow_server.sh" in c]
+    return yaml.safe_load((REPO / "ray_cluster.yaml").read_text())[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadServer:
+    uri: str
+    said: str  # what its start printed
+    authority: Path  # the certificate to trust
+    secret_name: str  # its head secret's in Secrets Manager
+
+
+@contextlib.contextmanager
+def cluster_mlflow_server(folder: Path, secret: dict[str, str], aws: dict[str, str]) -> Iterator[HeadServer]:
+    """The tracking server as ``ray_cluster.yaml`` makes its certificate and starts it on the
+    head: its command lines, read from the file, with the head's folders moved under
+    ``folder`` and a free port. detsweep's user from ``secret`` goes into the trials' file,
+    the rest (if any) into the head's secret in the Secrets Manager ``aws`` reaches (moto's).
+    Yields it once the command returned
+    (the server answers over HTTPS and detsweep's user exists); the server is stopped at the end."""
+    import boto3
+
+    from detsweep.tracking.credentials import TRIAL_KEYS
+
     folder.mkdir(parents=True, exist_ok=True)
-    secret_file = folder / "mlflow.env"
-    secret_file.write_text("".join(f"{name}={value}\n" for name, value in secret.items()))
-    secret_file.chmod(0o600)
+    credentials = folder / "mlflow.env"
+    credentials.write_text("".join(f"{name}={value}\n" for name, value in secret.items() if name in TRIAL_KEYS))
+    credentials.chmod(0o600)
+    secret_name = f"detsweep-tests/{folder.name}-{os.getpid()}-{time.monotonic_ns()}"
+    if head := {name: value for name, value in secret.items() if name not in TRIAL_KEYS}:
+        boto3.client("secretsmanager", endpoint_url=aws["AWS_ENDPOINT_URL"], region_name="us-west-2",
+                     aws_access_key_id="tests", aws_secret_access_key="tests").create_secret(
+            Name=secret_name, SecretString="".join(f"{name}={value}\n" for name, value in head.items()))
     port = free_port()
-    command = (command.replace("/home/ray/detsweep", str(REPO)).replace("/home/ray/.detsweep/mlflow.env", str(secret_file))
-               .replace("/home/ray/mlflow", str(folder / "head-mlflow")).replace(" 5000", f" {port}"))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    started = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env=env)
+    [make_certificate] = [c for c in head_commands("head_setup_commands") if "server tls" in c]
+    [start] = [c for c in head_commands("head_start_ray_commands") if "mlflow_server.sh start" in c]
+    env = {**os.environ, **aws, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    made = subprocess.run(["bash", "-c", head_command(make_certificate, folder, port, secret_name)], env=env,
+                          capture_output=True, text=True, timeout=time_left(120))
+    assert made.returncode == 0, made.stderr[-2000:]
+    started = subprocess.Popen(["bash", "-c", head_command(start, folder, port, secret_name)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
     try:
         try:
             said, _ = started.communicate(timeout=time_left(400))  # the script waits up to 300 s
@@ -194,13 +231,23 @@ def cluster_mlflow_server(folder: Path, secret: dict[str, str]) -> Iterator[tupl
         assert not any("huey" in command for command in commands)  # MLflow's job runner is off
         # no secret on a command line (what `ps` shows anyone on the head) or in the server's log
         log = (folder / "head-mlflow" / "server.log").read_text(errors="replace")
-        hidden = [secret[key] for key in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_TRACKING_PASSWORD",
-                                          "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_BACKEND_STORE_URI") if key in secret]
-        assert not [value for value in hidden if any(value in text for text in [*commands, log, said])]
-        yield f"http://127.0.0.1:{port}", said
+        assert not [value for value in secret_values(secret) if any(value in text for text in [*commands, log, said])]
+        yield HeadServer(f"https://127.0.0.1:{port}", said, folder / "ca.crt", secret_name)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(started.pid, signal.SIGTERM)  # the server, left running in the command's group
+
+
+def secret_values(secret: dict[str, str]) -> list[str]:
+    """What of a cluster's secret must show nowhere: passwords, the session key, the database's
+    URI and its password."""
+    from urllib.parse import urlsplit
+
+    hidden = [secret[key] for key in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_TRACKING_PASSWORD",
+                                      "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_BACKEND_STORE_URI") if key in secret]
+    if "MLFLOW_BACKEND_STORE_URI" in secret:
+        hidden.append(urlsplit(secret["MLFLOW_BACKEND_STORE_URI"]).password)
+    return hidden
 
 
 def assert_no_secret(report: dict, secret: str, tmp_path: Path) -> None:

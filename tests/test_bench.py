@@ -15,7 +15,8 @@ from .conftest import REPO, run_bounded
 # What each benchmark of ``bench.run_all`` records, by its name there.
 RECORDS = {"train_step": {"train_step", "train_step_loops", "train_step_split"}, "startup": {"startup_1w"},
            "input_pipeline": {"input_pipeline"}, "scaling": {"scaling_cpu"}, "early_stopping": {"early_stopping"},
-           "replay_settings": {"replay_settings"}, "tracking_server": {"tracking_server"}}
+           "replay_settings": {"replay_settings"}, "tracking_server": {"tracking_server"},
+           "tracking_load": {"tracking_load"}}
 
 
 def test_every_benchmark_has_a_smoke_test():
@@ -87,7 +88,14 @@ def tracking_server(results: dict) -> None:
     assert [row[0] for row in rows] == ["MLflow's default (no credential cache)", "as shipped (credentials cached 60 s)"]
 
 
-SPECIFIC = {"early_stopping": early_stopping, "replay_settings": replay_settings, "startup": startup,
+def tracking_load(results: dict) -> None:
+    # the server went down twice mid-run, and every write still landed
+    rows = dict(map(tuple, results["tracking_load"]["rows"][1:]))
+    assert len(rows["server restarts (after write n)"].split(", ")) == 2 and rows["lost writes"] == 0
+    assert rows["checkpoints READY"] == "12/12" and all(t["met"] for t in results["tracking_load"]["targets"])
+
+
+SPECIFIC = {"early_stopping": early_stopping, "tracking_load": tracking_load, "replay_settings": replay_settings, "startup": startup,
             "tracking_server": tracking_server, "train_step": train_step}
 
 

@@ -294,16 +294,25 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     assert all(r["CidrIp"] != "0.0.0.0/0" for rule in public for r in rule["IpRanges"])
     head = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head and "RAY_AUTH_MODE=token" in head
-    # MLflow behind basic auth, started by the repository's script (tests/mlflow_checks.py runs
-    # this very command line); detsweep's credentials, never the admin's, reach every raylet
-    assert "bash /home/ray/detsweep/cluster/mlflow_server.sh /home/ray/mlflow /home/ray/.detsweep/mlflow.env 5000" in head
-    assert 'exec python -m detsweep.tracking.server start "$1" "$2" "$3"' in (REPO / "cluster" / "mlflow_server.sh").read_text()
+    # MLflow behind basic auth over HTTPS, started by the repository's script (tests/mlflow_checks.py
+    # runs these very command lines), its certificate made on the head, its head secret in Secrets Manager
+    authority = "/home/ray/detsweep/cluster/tls/ca.crt"
+    assert config["head_setup_commands"] == [f"python -m detsweep.tracking.server tls /home/ray/mlflow {authority}"]
+    server = ("/home/ray/detsweep/cluster/mlflow_server.sh {} /home/ray/mlflow /home/ray/.detsweep/mlflow.env 5000 "
+              f"--head-secret secretsmanager:detsweep/mlflow-head --tls {authority}")
+    assert server.format("start") in head
+    assert 'exec python -m detsweep.tracking.server "$@"' in (REPO / "cluster" / "mlflow_server.sh").read_text()
     # and, hourly, mlflow gc with the same arguments: deleted checkpoints' files go
-    assert "python -m detsweep.tracking.server gc /home/ray/mlflow /home/ray/.detsweep/mlflow.env 5000" in head
+    assert server.format("gc") in head
+    # the one MLflow secret every node gets is detsweep's user; the workers' instance profile is not the head's
     assert config["file_mounts"]["/home/ray/.detsweep/mlflow.env"] == "~/.detsweep/mlflow.env"
-    for commands in (config["head_start_ray_commands"], config["worker_start_ray_commands"]):
+    assert len([path for path in config["file_mounts"].values() if "detsweep/" in path]) == 1
+    assert config["available_node_types"]["gpu_worker"]["node_config"]["IamInstanceProfile"] == {"Name": "detsweep-worker"}
+    for commands, uri in ((config["head_start_ray_commands"], "https://$(hostname -I | cut -d' ' -f1):5000"),
+                          (config["worker_start_ray_commands"], "https://$RAY_HEAD_IP:5000")):
         [starts_ray] = [c for c in commands if "ray start" in c]
-        assert "export $(grep -E '^MLFLOW_TRACKING_(USERNAME|PASSWORD)=' /home/ray/.detsweep/mlflow.env | xargs)" in starts_ray
+        assert f"export MLFLOW_TRACKING_URI={uri} MLFLOW_TRACKING_SERVER_CERT_PATH={authority}" in starts_ray
+        assert "python -m detsweep.tracking.credentials /home/ray/.detsweep/mlflow.env -- ray start" in starts_ray
     assert "RAY_AUTH_MODE=token" in " ".join(config["worker_start_ray_commands"])
     assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}  # training never on the head
     # what a g5.2xlarge holds, declared so that a sweep is sized before `ray up`

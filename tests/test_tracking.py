@@ -4,6 +4,7 @@ the retrying writer, and the errors users get before anything trains."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import sys
@@ -127,6 +128,51 @@ def checkpoint_dir(tmp_path: Path, step: int) -> Path:
     return directory
 
 
+def test_a_checkpoint_write_retried_after_a_failure_part_way_finishes_the_same_model(tmp_path):
+    """The writer retries ``log_checkpoint`` whole when a call in it fails (a server restart);
+    the retry finishes the model the first attempt made: one model a step, READY, listed once
+    among the run's outputs, whether the upload was cut or only an answer was lost."""
+    from mlflow import MlflowClient
+
+    from detsweep.tracking.checkpoint_models import checkpoints, is_ready, log_checkpoint, step_of
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("retried", artifact_location=(tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+
+    class Cut:
+        """The client, whose ``method`` fails once: before doing its work, or after (the answer lost)."""
+
+        def __init__(self, method: str, after: bool):
+            self.method, self.after, self.failed = method, after, False
+
+        def __getattr__(self, name):
+            call = getattr(client, name)
+            if name != self.method or self.failed:
+                return call
+
+            def failing(*args, **kwargs):
+                self.failed = True
+                if self.after:
+                    call(*args, **kwargs)
+                raise ConnectionError(f"{name}: the server went away")
+            return failing
+
+    for step, (method, after) in enumerate([("log_model_artifacts", False), ("finalize_logged_model", True),
+                                            ("log_outputs", True)], start=1):
+        cut = Cut(method, after)
+        with pytest.raises(ConnectionError):
+            log_checkpoint(cut, experiment, run_id, checkpoint_dir(tmp_path, step), step)
+        model = log_checkpoint(cut, experiment, run_id, tmp_path / f"checkpoint_{step}", step)  # the writer's retry
+        assert cut.failed and is_ready(model) and step_of(model) == step
+    models = checkpoints(client, [experiment], run_id, ready=False)
+    assert sorted(step_of(m) for m in models) == [1, 2, 3] and all(is_ready(m) for m in models)
+    outputs = [output.model_id for output in client.get_run(run_id).outputs.model_outputs]
+    assert sorted(outputs) == sorted(m.model_id for m in models)
+    for model in models:
+        assert client.list_logged_model_artifacts(model.model_id)[0].path == "meta.json"
+
+
 def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_path):
     import base64
 
@@ -202,6 +248,9 @@ def test_detsweep_ui_names_a_tracking_server():
     """On the embedded backend it runs ``mlflow ui`` (the ASHA sweep test opens that in a browser)."""
     shown = run_cli("ui", env={"MLFLOW_TRACKING_URI": "http://tracking.internal:5000"})
     assert shown.returncode == 0 and shown.stdout.strip() == "MLflow: http://tracking.internal:5000"
+    secure = run_cli("ui", env={"MLFLOW_TRACKING_URI": "https://tracking.internal:5000",
+                                "MLFLOW_TRACKING_SERVER_CERT_PATH": "/certs/ca.crt"})
+    assert secure.stdout.strip() == "MLflow: https://tracking.internal:5000 (a browser trusts it once it trusts /certs/ca.crt)"
 
 
 def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
@@ -349,17 +398,30 @@ def test_the_champion_alias_moves_only_to_a_version_that_scored_better(tmp_path)
     assert str(client.get_model_version_by_alias("sweep", CHAMPION).version) == "7"
 
 
-def test_trials_on_any_node_get_the_credentials_and_the_telemetry_choice_only(monkeypatch):
+def test_trials_get_the_telemetry_choice_through_the_job_and_no_credential(monkeypatch):
+    """A job's environment is shown by Ray's State API: the credentials stay out of it (each
+    node's raylet holds them, as the next test's runner gives them)."""
     from detsweep.tracking.backend import trial_environment
 
     for name, value in {"MLFLOW_TRACKING_USERNAME": "ann", "MLFLOW_TRACKING_PASSWORD": "s3cret", "DO_NOT_TRACK": "true",
                         "MLFLOW_DISABLE_TELEMETRY": "true", "AWS_SECRET_ACCESS_KEY": "not for trials"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
-    assert trial_environment() == {"MLFLOW_TRACKING_USERNAME": "ann", "MLFLOW_TRACKING_PASSWORD": "s3cret",
-                                   "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    assert trial_environment() == {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
+def test_a_raylet_started_through_the_credentials_runner_holds_detsweeps_user_in_its_environment_not_its_command_line(
+        tmp_path):
+    """``python -m detsweep.tracking.credentials FILE -- COMMAND``, as ``ray_cluster.yaml``
+    starts each raylet: COMMAND runs with the file's two values in its environment, read as
+    data; the password is on no command line."""
+    credentials = tmp_path / "mlflow.env"
+    credentials.write_text("# detsweep's user\nMLFLOW_TRACKING_USERNAME=detsweep\nMLFLOW_TRACKING_PASSWORD='pa$(id)ss'\n")
+    shown = run_bounded([sys.executable, "-m", "detsweep.tracking.credentials", str(credentials), "--", sys.executable,
+                         "-c", "import os, sys; print(os.environ['MLFLOW_TRACKING_USERNAME'], os.environ['MLFLOW_TRACKING_PASSWORD'],"
+                         " open('/proc/self/cmdline').read().replace(chr(0), ' '))"], timeout=60, cwd=REPO)
+    assert shown.returncode == 0, shown.stderr
+    user, password, command_line = shown.stdout.split(" ", 2)
+    assert (user, password) == ("detsweep", "pa$(id)ss") and "pa$(id)ss" not in command_line
 def test_a_trials_cost_is_what_its_workers_held_for_as_long_as_it_ran():
     from detsweep.config import ScalingConfig
     from detsweep.sweeps.experiment import trial_cost
@@ -618,27 +680,51 @@ def test_a_trial_killed_mid_upload_leaves_a_pending_checkpoint_that_best_finetun
     assert sorted(step_of(m) for m in checkpoints(client, [experiment], run_id, ready=False)) == [10, 30]
 
 
-def test_the_heads_server_without_a_database_says_its_runs_die_with_the_cluster_and_reads_its_secrets_as_data(tmp_path):
-    """The cluster file's start with a secret file that names no database or bucket: a
-    try-it-out server on the head's disk, whose start says so in one line before the user's.
-    A value that shell would run is only text; a file naming one store of the two is refused."""
+def test_the_heads_server_without_its_secret_makes_its_own_says_its_runs_die_with_the_cluster_and_reads_files_as_data(
+        s3, tmp_path):
+    """The cluster file's start where Secrets Manager holds no head secret: the head makes its
+    own admin password and session key (a 0600 file on the head), and serves a try-it-out
+    server on its disk whose start says so in one line before the user's. The trials' file is
+    data: a value shell would run is only text, and a head-only key in it is refused; so is a
+    head secret naming one store of the two."""
+    import requests
+
     from .mlflow_checks import cluster_mlflow_server
 
     ran = tmp_path / "ran"
-    secret = {"MLFLOW_AUTH_ADMIN_PASSWORD": "Adm1n-for-detsweep-tests", "MLFLOW_FLASK_SERVER_SECRET_KEY": f"$(touch {ran})",
-              "MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": "S3cret-for-detsweep-tests"}
-    with cluster_mlflow_server(tmp_path, secret) as (uri, said):
-        head = tmp_path / "head-mlflow"
-        assert said.splitlines() == [
-            f"detsweep: MLflow keeps its runs in {head} on this node: they die with the cluster (ray down); set "
-            f"MLFLOW_BACKEND_STORE_URI and MLFLOW_ARTIFACTS_DESTINATION in {tmp_path / 'mlflow.env'} to keep them "
-            "outside it", "MLflow user detsweep: created"]
+    user = {"MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": f"S3cret-$(touch {ran})"}
+    with cluster_mlflow_server(tmp_path, user, s3.env) as server:
+        uri, authority, head = server.uri, server.authority, tmp_path / "head-mlflow"
+        warning, made = server.said.splitlines()
+        assert re.fullmatch(
+            rf"detsweep: MLflow keeps its runs in {re.escape(str(head))} on this node: they die with the cluster "
+            r"\(ray down\); create the head's secret secretsmanager:detsweep-tests/\S+ with MLFLOW_BACKEND_STORE_URI "
+            "and MLFLOW_ARTIFACTS_DESTINATION to keep them outside it", warning), warning
+        assert made == "MLflow user detsweep: created"
         assert (head / "mlflow.db").is_file() and not ran.exists()
         assert (head / "basic_auth.ini").stat().st_mode & 0o777 == 0o600
+        assert (head / "head.env").stat().st_mode & 0o777 == 0o600
+        admin = dict(line.split("=", 1) for line in (head / "head.env").read_text().split())["MLFLOW_AUTH_ADMIN_PASSWORD"]
+        for login in (tuple(user.values()), ("admin", admin)):
+            answer = requests.get(f"{uri}/api/2.0/mlflow/experiments/search", params={"max_results": 1}, auth=login,
+                                  verify=str(authority), timeout=30)
+            assert answer.status_code == 200, answer.text[:300]
+
+    start = [sys.executable, "-m", "detsweep.tracking.server", "start", str(tmp_path / "refused"), str(tmp_path / "mlflow.env"),
+             str(free_port())]
+    (tmp_path / "mlflow.env").write_text("MLFLOW_TRACKING_USERNAME=detsweep\nMLFLOW_TRACKING_PASSWORD=S3cret-for-tests\n"
+                                         f"MLFLOW_AUTH_ADMIN_PASSWORD={admin}\n")
+    refused = run_bounded(start, timeout=120, cwd=REPO)
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"{tmp_path / 'mlflow.env'}: found MLFLOW_AUTH_ADMIN_PASSWORD; expected only MLFLOW_TRACKING_USERNAME and "
+        "MLFLOW_TRACKING_PASSWORD in the file every node gets (the admin's password, the session key and the stores "
+        "belong in the head's secret: README, 'A cluster closed to strangers')")
+    (tmp_path / "mlflow.env").write_text("MLFLOW_TRACKING_USERNAME=detsweep\nMLFLOW_TRACKING_PASSWORD=S3cret-for-tests\n")
     half = tmp_path / "half.env"
-    half.write_text("".join(f"{k}={v}\n" for k, v in secret.items()) + "MLFLOW_BACKEND_STORE_URI=postgresql://x/y\n")
-    refused = run_bounded([sys.executable, "-m", "detsweep.tracking.server", "start", str(tmp_path / "half"), str(half),
-                           str(free_port())], timeout=120, cwd=REPO)
+    half.write_text(f"MLFLOW_AUTH_ADMIN_PASSWORD={admin}\nMLFLOW_FLASK_SERVER_SECRET_KEY=k\n"
+                    "MLFLOW_BACKEND_STORE_URI=postgresql://x/y\n")
+    refused = run_bounded([*start, "--head-secret", str(half)], timeout=120, cwd=REPO)
     assert refused.returncode == 1 and refused.stderr.strip() == (
         f"{half}: found MLFLOW_BACKEND_STORE_URI alone; expected both of MLFLOW_BACKEND_STORE_URI and "
         "MLFLOW_ARTIFACTS_DESTINATION (runs and their artifacts outside the cluster) or neither (both on the head)")
+    assert not (tmp_path / "refused" / "server.log").exists()  # refused before any server started

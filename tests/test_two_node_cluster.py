@@ -12,20 +12,33 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from .conftest import REPO, run_bounded, run_cli
-from .mlflow_checks import assert_no_secret, check_mlflow_runs, cluster_mlflow_server, free_port
+from .mlflow_checks import (
+    assert_no_secret,
+    check_mlflow_runs,
+    cluster_mlflow_server,
+    free_port,
+    head_command,
+    head_commands,
+    secret_values,
+)
 from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
 
 LR_PATH = "optimizer.learning_rate.learning_rate_base"
 
 
 class TwoNodes:
-    """A head and a second raylet, one CPU each; ``restart`` takes both down and brings up new ones."""
+    """A head and a second raylet, one CPU each, started as README says for a cluster started by
+    hand: each raylet with the cluster's tracking server, the certificate to trust and
+    detsweep's user (read from the trials' file) in its environment. ``stop`` takes both down
+    and ``start`` brings up new ones."""
 
-    def __init__(self):
+    def __init__(self, node_env: dict[str, str]):
+        self.node_env = node_env
         self.start()
 
     def start(self) -> None:
@@ -33,13 +46,15 @@ class TwoNodes:
         from ray.cluster_utils import Cluster
 
         dashboard_port = free_port()
-        # Each node's dashboard agent on a port of its own: both would take Ray's default (52365),
-        # the loser serves no HTTP, and ``ray job submit`` finds no agent when the head's lost.
-        self._cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port,
-            "dashboard_agent_listen_port": free_port()})
-        self._cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
+        with mock.patch.dict(os.environ, self.node_env):  # what each raylet, and so its workers, inherits
+            # Each node's dashboard agent on a port of its own: both would take Ray's default (52365),
+            # the loser serves no HTTP, and ``ray job submit`` finds no agent when the head's lost.
+            self._cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port,
+                "dashboard_agent_listen_port": free_port()})
+            self._cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
         self._cluster.wait_for_nodes()
+        self.session = Path(self._cluster.head_node.get_session_dir_path())
         ray.init(address=self._cluster.address)
         self.address, self.dashboard = self._cluster.address, f"http://127.0.0.1:{dashboard_port}"
         self.nodes: set[str] = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
@@ -51,14 +66,13 @@ class TwoNodes:
         ray.shutdown()
         self._cluster.shutdown()
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[TwoNodes]:
-    nodes = TwoNodes()
+def cluster(tracking_stack) -> Iterator[TwoNodes]:
+    from detsweep.tracking.credentials import trial_credentials
+
+    nodes = TwoNodes({**trial_credentials(tracking_stack.folder / "head" / "mlflow.env"),
+                      "MLFLOW_TRACKING_SERVER_CERT_PATH": str(tracking_stack.authority)})
     try:
         yield nodes
     finally:
@@ -109,9 +123,12 @@ print(len(ray.nodes()), ray.get(Probe.options(lifetime="detached").remote().live
 def test_an_optuna_sweep_by_address_runs_on_both_nodes_logs_to_the_cluster_files_tracking_server_and_outlives_the_cluster(
         cluster, tracking_stack, tmp_path, monkeypatch):
     """A seeded TPE search, logged to the tracking server started as ``ray_cluster.yaml`` starts
-    it (basic auth, detsweep's user made from the secret file; runs in PostgreSQL, artifacts in
-    a bucket): nobody gets in without credentials; detsweep's reach the trials on both nodes
-    through the environment, and are written nowhere. A second launch of the sweep is refused
+    it (HTTPS with the head's certificate, basic auth, detsweep's user made from the trials'
+    file, the head's secret from Secrets Manager; runs in PostgreSQL, artifacts in a bucket):
+    nobody gets in without credentials, no client without the certificate; detsweep's
+    credentials reach the trials on both nodes through each raylet's environment, and no
+    secret shows in Ray's State API, in Ray's, MLflow's or detsweep's logs, or in any param,
+    tag or artifact. A second launch of the sweep is refused
     and changes nothing. Then the cluster goes as ``ray down`` takes it (Ray, its results folder
     and the head's disk) and a new one comes up, its head's server on the same database and
     bucket: ``best``, ``finetune --from best:`` and ``export --from best:`` work from MLflow
@@ -132,10 +149,21 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_logs_to_the_cluster_files
   space:
     {LR_PATH}: {{distribution: log_uniform_values, min: 0.001, max: 0.02}}
 """, num_steps=10, every=2, name="outlives")
-    uri, secret = tracking_stack.uri, tracking_stack.secret
-    anonymous = requests.get(f"{uri}/api/2.0/mlflow/experiments/search", params={"max_results": 1}, timeout=30)
+    uri, secret, authority = tracking_stack.uri, tracking_stack.secret, tracking_stack.authority
+    assert uri.startswith("https://")
+    anonymous = requests.get(f"{uri}/api/2.0/mlflow/experiments/search", params={"max_results": 1}, timeout=30,
+                             verify=str(authority))
     assert anonymous.status_code == 401, anonymous.text[:300]
+    with pytest.raises(requests.exceptions.SSLError):  # a client that does not trust the cluster's authority
+        requests.get(f"{uri}/health", timeout=30)
     right = tracking_stack.client_env
+    untrusting = {**right, "MLFLOW_TRACKING_SERVER_CERT_PATH": ""}
+    refused = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=untrusting)
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} has a certificate this machine does not "
+        "trust (certificate verify failed") and refused.stderr.strip().endswith(
+        "expected MLFLOW_TRACKING_SERVER_CERT_PATH naming the certificate of the authority that signed it (the "
+        "cluster's: README)") and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     wrong = {**right, "MLFLOW_TRACKING_PASSWORD": "wrong"}
     refused = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=wrong)
     assert refused.returncode == 2 and refused.stderr.strip() == (
@@ -153,8 +181,12 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_logs_to_the_cluster_files
     assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes
     assert report["mlflow"]["tracking_uri"] == uri
     check_mlflow_runs(report, num_steps=10, every=2)  # logged from both nodes, the best model registered
-    for secret_value in (secret["MLFLOW_TRACKING_PASSWORD"], secret["MLFLOW_AUTH_ADMIN_PASSWORD"]):
+    for secret_value in secret_values(secret):
         assert_no_secret(report, secret_value, tmp_path)
+    assert_nowhere_in_ray(cluster, secret_values(secret))
+    logs = [*cluster.session.joinpath("logs").rglob("*"), tracking_stack.folder / "head" / "head-mlflow" / "server.log",
+            *(tmp_path / "ray").rglob("*.log"), *(tmp_path / "ray").rglob("*.txt"), *(tmp_path / "ray").rglob("*.json")]
+    assert_in_no_file(logs, secret_values(secret))
     assert not (tmp_path / "mlflow.db").exists()  # everything went through the server
     # TPE starts with its seeded random sampler: the two trials get its first two draws.
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3))
@@ -175,13 +207,17 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_logs_to_the_cluster_files
     assert (Path(report["path"]) / "sweep.yaml").read_text() == saved
     histories = {t["mlflow_run_id"]: metric_histories(client, t["mlflow_run_id"]) for t in report["trials"]}
 
-    # `ray down`: Ray, the results folder and the head's MLflow folder go; a new cluster and a
-    # new head's server (its start finds detsweep's user in the database: "password set").
-    cluster.restart()
+    # `ray down`: Ray, the results folder and the head's MLflow folder go; a new head's server
+    # (a certificate of its own; its start finds detsweep's user in the database: "password
+    # set"), and a new cluster whose raylets trust that certificate.
+    cluster.stop()
     shutil.rmtree(tmp_path / "ray")
-    with cluster_mlflow_server(tmp_path / "new-head", secret) as (new_uri, said):
+    with cluster_mlflow_server(tmp_path / "new-head", secret, tracking_stack.s3.env) as new_head:
+        new_uri, said = new_head.uri, new_head.said
         assert said.strip().endswith("MLflow user detsweep: password set"), said
-        new = {**right, "MLFLOW_TRACKING_URI": new_uri}
+        cluster.node_env = {**cluster.node_env, "MLFLOW_TRACKING_SERVER_CERT_PATH": str(new_head.authority)}
+        cluster.start()
+        new = {**right, "MLFLOW_TRACKING_URI": new_uri, "MLFLOW_TRACKING_SERVER_CERT_PATH": str(new_head.authority)}
         for name, value in new.items():
             monkeypatch.setenv(name, value)
         client = MlflowClient(new_uri)
@@ -206,11 +242,11 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_logs_to_the_cluster_files
         # mlflow gc, as the cluster file runs it hourly: the bucket keeps the files of the models
         # MLflow keeps (each trial's best and latest checkpoint, the fine-tune's, the registered
         # model) and of no deleted checkpoint
-        [loop] = [c for c in head_commands() if "detsweep.tracking.server gc" in c]
-        gc = loop.split("do ")[1].split(";")[0].replace("/home/ray/mlflow", str(tmp_path / "new-head" / "head-mlflow"))
-        gc = gc.replace("/home/ray/.detsweep/mlflow.env", str(tmp_path / "new-head" / "mlflow.env"))
-        collected = run_bounded(["bash", "-c", gc.replace(" 5000", f" {new_uri.rsplit(':', 1)[1]}")], cwd=REPO,
-                                env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+        [loop] = [c for c in head_commands("head_start_ray_commands") if "mlflow_server.sh gc" in c]
+        gc = head_command(loop.split("do ")[1].split(";")[0], tmp_path / "new-head", int(new_uri.rsplit(":", 1)[1]),
+                          new_head.secret_name)
+        collected = run_bounded(["bash", "-c", gc], cwd=REPO, env={
+            **os.environ, **tracking_stack.s3.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
         assert collected.returncode == 0, collected.stderr[-3000:]
         deleted = collected.stdout.count("Logged model with ID")
         assert deleted >= 6, collected.stdout  # 2 trials x 5 checkpoints, at most 2 x 2 kept
@@ -229,10 +265,22 @@ def metric_histories(client, run_id: str) -> dict[str, list[tuple[int, float]]]:
             for key in ("train/loss", "train/lr", "eval/AP_best")}
 
 
-def head_commands() -> list[str]:
-    import yaml
+def assert_nowhere_in_ray(cluster: TwoNodes, hidden: list[str]) -> None:
+    """None of ``hidden`` in what Ray's State API shows of the cluster's jobs, actors and tasks,
+    with detail (their runtime environments among it)."""
+    from ray.util.state import list_actors, list_jobs, list_tasks
 
-    return yaml.safe_load((REPO / "ray_cluster.yaml").read_text())["head_start_ray_commands"]
+    shown = [kind(address=cluster.dashboard, detail=True, limit=10_000, raise_on_missing_output=False)
+             for kind in (list_actors, list_tasks)] + [list_jobs(address=cluster.dashboard, detail=True)]
+    text = json.dumps(shown, default=str)
+    assert "MLFLOW_TRACKING_USERNAME" not in text  # no job, actor or task carries the credentials
+    assert len(text) > 10_000 and not [value for value in hidden if value in text]
+
+
+def assert_in_no_file(paths: list[Path], hidden: list[str]) -> None:
+    files = [path for path in paths if path.is_file()]
+    assert len(files) > 20
+    assert not [(path, value) for path in files for value in hidden if value.encode() in path.read_bytes()]
 
 
 def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoint(cluster, tmp_path):

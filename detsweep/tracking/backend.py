@@ -5,7 +5,9 @@
 ``mlflow ui`` and the model registry read as they are. On a cluster, an MLflow server
 with artifact proxying (``mlflow server --serve-artifacts``): no node needs a shared disk.
 Credentials for a server with basic auth come from ``MLFLOW_TRACKING_USERNAME`` and
-``MLFLOW_TRACKING_PASSWORD`` and go nowhere else.
+``MLFLOW_TRACKING_PASSWORD`` and go nowhere else: a trial on a cluster's node inherits them
+from its raylet. An HTTPS server's certificate is checked against the authority
+``MLFLOW_TRACKING_SERVER_CERT_PATH`` names, as MLflow's own client does.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from detsweep.errors import DetsweepError
 
 EMBEDDED_DB = "mlflow.db"
 EMBEDDED_ARTIFACTS = "mlartifacts"
-CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,15 @@ def check_backend(backend: Backend, timeout_s: float = 10.0) -> None:
         return
     import requests
 
-    user, password = os.environ.get(CREDENTIALS[0]), os.environ.get(CREDENTIALS[1])
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
     url = backend.uri.rstrip("/") + "/api/2.0/mlflow/experiments/search"
     try:
-        answer = requests.get(url, params={"max_results": 1}, timeout=timeout_s,
+        answer = requests.get(url, params={"max_results": 1}, timeout=timeout_s, verify=_certificate(),
                               auth=(user, password or "") if user else None)
+    except requests.exceptions.SSLError as error:
+        raise DetsweepError(f"{backend.source}: the MLflow server at {backend.uri} has a certificate this machine "
+                            f"does not trust ({_ssl_reason(error)}); expected {CERT_PATH} naming the certificate "
+                            "of the authority that signed it (the cluster's: README)") from None
     except requests.RequestException as error:
         raise DetsweepError(f"{backend.source}: no MLflow server answers at {backend.uri} "
                             f"({type(error).__name__})") from None
@@ -75,6 +80,21 @@ def check_backend(backend: Backend, timeout_s: float = 10.0) -> None:
     if answer.status_code != 200:
         raise DetsweepError(f"{backend.source}: {backend.uri} answered HTTP {answer.status_code} "
                             "to an MLflow API call; expected an MLflow tracking server")
+
+
+CERT_PATH = "MLFLOW_TRACKING_SERVER_CERT_PATH"
+
+
+def _certificate() -> str | bool:
+    """What MLflow's own client verifies a server with."""
+    return os.environ.get(CERT_PATH) or True
+
+
+def _ssl_reason(error: Exception) -> str:
+    import re
+
+    found = re.search(r"certificate verify failed: [^'\")(]+", str(error))
+    return found.group(0).strip() if found else "the TLS handshake failed"
 
 
 def check_readable(backend: Backend) -> None:
@@ -103,6 +123,8 @@ NO_TELEMETRY = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
 
 
 def trial_environment() -> dict[str, str]:
-    """What a trial process on any node needs from this one: the server's credentials, and the
-    telemetry choice, if set."""
-    return {name: os.environ[name] for name in (*CREDENTIALS, *NO_TELEMETRY) if os.environ.get(name)}
+    """What a trial process on any node takes from this one: the telemetry choice, if set. Not
+    the server's credentials: a job's environment is shown by Ray's State API and dashboard, so
+    each node's raylet holds them (``python -m detsweep.tracking.credentials``) and its workers
+    inherit them; a local cluster's raylet is this process's child and inherits them too."""
+    return {name: os.environ[name] for name in NO_TELEMETRY if os.environ.get(name)}

@@ -35,18 +35,25 @@ def log_checkpoint(client, experiment_id: str, run_id: str, directory: Path, ste
     """Upload ``directory`` as a checkpoint of the run at ``step``; returns the READY model.
 
     ``metrics``: ``mlflow.entities.Metric`` points the run already has (same key, value, step
-    and timestamp), linked to the checkpoint; MLflow keeps a run's identical points once."""
+    and timestamp), linked to the checkpoint; MLflow keeps a run's identical points once.
+    Called again after a failure part-way (a writer's retry: the server restarted, an answer
+    lost), it finishes what the first call began: the PENDING model is uploaded into again,
+    a READY one is kept; never a second model for one step."""
     from mlflow.entities import LoggedModelOutput, Metric
 
-    model = client.create_logged_model(experiment_id, name=f"checkpoint-{step:06d}", source_run_id=run_id,
-                                       tags={STEP_TAG: str(step)}, model_type=KIND)
-    linked = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id) for m in metrics]
-    if linked:
-        client.log_batch(run_id, metrics=linked)
-    client.log_model_artifacts(model.model_id, str(directory))
-    ready = client.finalize_logged_model(model.model_id, "READY")
-    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])  # the run page's "Logged models"
-    return ready
+    earlier = [model for model in checkpoints(client, [experiment_id], run_id, ready=False) if step_of(model) == step]
+    model = next((m for m in earlier if is_ready(m)), None) or next(iter(earlier), None) or client.create_logged_model(
+        experiment_id, name=f"checkpoint-{step:06d}", source_run_id=run_id, tags={STEP_TAG: str(step)}, model_type=KIND)
+    if not is_ready(model):
+        linked = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id) for m in metrics]
+        if linked:
+            client.log_batch(run_id, metrics=linked)
+        client.log_model_artifacts(model.model_id, str(directory))
+        model = client.finalize_logged_model(model.model_id, "READY")
+    outputs = client.get_run(run_id).outputs
+    if model.model_id not in {output.model_id for output in (outputs.model_outputs if outputs else [])}:
+        client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])  # the run page's "Logged models"
+    return model
 
 
 def checkpoints(client, experiment_ids: list[str], run_id: str | None = None, ready: bool = True) -> list:

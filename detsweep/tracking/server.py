@@ -1,37 +1,39 @@
-"""The cluster's MLflow tracking server, as ``cluster/mlflow_server.sh`` runs it on the head:
+"""The cluster's MLflow tracking server, as ``ray_cluster.yaml`` runs it on the head:
 
-    python -m detsweep.tracking.server start FOLDER SECRET_FILE PORT
-    python -m detsweep.tracking.server gc FOLDER SECRET_FILE PORT
+    python -m detsweep.tracking.server tls FOLDER AUTHORITY_CERT
+    python -m detsweep.tracking.server start FOLDER CREDENTIALS PORT [--head-secret SOURCE] [--tls AUTHORITY_CERT]
+    python -m detsweep.tracking.server gc FOLDER CREDENTIALS PORT [--head-secret SOURCE] [--tls AUTHORITY_CERT]
 
-The secret file is read as data (``KEY=VALUE`` lines, ``#`` comments), never run. It holds
-the admin's password, the app's session key and detsweep's user, and where the runs live:
+CREDENTIALS is the trials' file (detsweep's user); SOURCE the head's secret
+(``secretsmanager:NAME`` or a file: the admin's password, the app's session key and where the
+runs live; :mod:`.credentials` says why they are apart). Where the runs live:
 
 - ``MLFLOW_BACKEND_STORE_URI`` (``postgresql://user:password@host:5432/mlflow``, e.g. RDS)
   and ``MLFLOW_ARTIFACTS_DESTINATION`` (``s3://bucket/mlflow``): runs, registered models
   and checkpoints outside the cluster, so ``ray down`` loses nothing; users and permissions
   live in the same database. MLflow reads both from its environment: they are on no command
   line and in no log.
-- neither: a try-it-out mode, a sqlite file and the artifacts under FOLDER on the head, which
-  die with the cluster; the start says so in one line.
+- neither, or no head secret at all: a try-it-out mode, a sqlite file and the artifacts under
+  FOLDER on the head, which die with the cluster; the start says so in one line.
 
-Everything in the file becomes the server's environment (``AWS_*`` for a bucket reached
-with keys rather than the head's instance profile). ``start`` returns once the server
-answers and detsweep's user exists. ``gc`` removes the files of what was deleted (the
+``tls`` makes the head's certificate (:mod:`.tls`); ``start --tls`` serves HTTPS with it.
+Everything in the head's secret becomes the server's environment (``AWS_*`` for a bucket
+reached with keys rather than the head's instance profile). ``start`` returns once the
+server answers and detsweep's user exists. ``gc`` removes the files of what was deleted (the
 checkpoints a trial no longer keeps): MLflow's deletion only marks them.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from . import credentials, tls
 from .users import ensure_user, wait_for_server
 
-REQUIRED = ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_TRACKING_USERNAME",
-            "MLFLOW_TRACKING_PASSWORD")
-STORES = ("MLFLOW_BACKEND_STORE_URI", "MLFLOW_ARTIFACTS_DESTINATION")
 # A credential checked once is trusted for 60 s (MLflow's auth cache, off by default): every
 # request otherwise pays a scrypt hash of the password: 0.37 s per request here against
 # 0.06 s with the cache, and a sweep's trials make hundreds of requests (bench/RESULTS.md).
@@ -42,34 +44,29 @@ admin_username = admin
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 auth_cache_ttl_seconds = 60
 """
+CERT_PATH = "MLFLOW_TRACKING_SERVER_CERT_PATH"  # where MLflow's clients find the certificate to trust
 
 
-def read_secret(path: Path) -> dict[str, str]:
-    """``KEY=VALUE`` lines as data: no shell expansion, quotes around a value dropped."""
-    values = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, equals, value = line.removeprefix("export ").partition("=")
-        if not equals or not key.strip().isidentifier():
-            raise SystemExit(f"{path}:{number}: found a line that is not KEY=VALUE")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        values[key.strip()] = value
-    missing = [key for key in REQUIRED if not values.get(key)]
-    if missing:
-        raise SystemExit(f"{path}: found no {', '.join(missing)}; expected every one of {', '.join(REQUIRED)}")
-    given = [key for key in STORES if values.get(key)]
-    if len(given) == 1:
-        raise SystemExit(f"{path}: found {given[0]} alone; expected both of {' and '.join(STORES)} "
-                         "(runs and their artifacts outside the cluster) or neither (both on the head)")
-    return values
+def read_head_secret(folder: Path, source: str | None) -> tuple[dict[str, str], bool]:
+    """The head's secret, or the head's own where there is none (try-it-out); and whether it was found."""
+    found = credentials.head_secret(source) if source else None
+    if found is not None:
+        return found, True
+    folder.mkdir(parents=True, exist_ok=True)
+    return credentials.generated_head_secret(folder), False
+
+
+def where_runs_go(folder: Path, found: bool, source: str | None) -> str:
+    """The try-it-out server's one line: where its runs are, and how to keep them."""
+    stores = " and ".join(credentials.STORES)
+    advice = (f"set {stores} in the head's secret {source}" if found else
+              f"create the head's secret {source or 'secretsmanager:NAME (--head-secret)'} with {stores}")
+    return (f"detsweep: MLflow keeps its runs in {folder} on this node: they die with the cluster (ray down); "
+            f"{advice} to keep them outside it")
 
 
 def server_environment(folder: Path, secret: dict[str, str]) -> dict[str, str]:
-    """The server's environment: the secret file's values and, without a database, the head's own stores."""
+    """The server's environment: the head's secret and, without a database, the head's own stores."""
     env = {**os.environ, **secret, "MLFLOW_DISABLE_TELEMETRY": "true",
            # MLflow's job runner (GenAI judges, trace roll-ups: nothing detsweep uses) stays off: its 8
            # processes held 1.3 GB here and the server answered after 18-20 s with them, 13-14 s without.
@@ -91,50 +88,87 @@ def write_auth_config(folder: Path, database: str) -> None:
         out.write(AUTH_INI.format(database=database.replace("%", "%%")))
 
 
-def start(folder: Path, secret_file: Path, port: int) -> subprocess.Popen:
-    """Start the server and make detsweep's user; returns the server's process, left running."""
-    secret = read_secret(secret_file)
-    folder.mkdir(parents=True, exist_ok=True)
+def server_command(port: int, certificates: Path | None) -> list[str]:
+    """MLflow's basic-auth app on every interface; HTTPS with the head's certificate (uvicorn's own TLS)."""
+    command = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", "0.0.0.0",
+               "--port", str(port), "--serve-artifacts"]
+    if certificates:
+        command += ["--uvicorn-opts", f"--ssl-keyfile {certificates / tls.SERVER_KEY} "
+                                      f"--ssl-certfile {certificates / tls.SERVER_CERT}"]
+    return command
+
+
+def local_uri(port: int, authority: Path | None) -> str:
+    return f"{'https' if authority else 'http'}://127.0.0.1:{port}"
+
+
+def start(folder: Path, credentials_file: Path, port: int, head_source: str | None = None,
+          authority: Path | None = None) -> subprocess.Popen:
+    """Start the server and make detsweep's user; returns the server's process, left running.
+    With ``authority`` (the certificate ``tls`` made), HTTPS."""
+    user = credentials.trial_credentials(credentials_file)
+    if authority and not (folder / "tls" / tls.SERVER_CERT).exists():
+        raise SystemExit(f"{folder / 'tls'}: found no certificate; expected the one `tls {folder} {authority}` makes")
+    secret, found = read_head_secret(folder, head_source)
     env = server_environment(folder, secret)
     write_auth_config(folder, env["MLFLOW_BACKEND_STORE_URI"])
     if not secret.get("MLFLOW_BACKEND_STORE_URI"):
-        print(f"detsweep: MLflow keeps its runs in {folder} on this node: they die with the cluster (ray down); "
-              f"set {' and '.join(STORES)} in {secret_file} to keep them outside it", flush=True)
+        print(where_runs_go(folder, found, head_source), flush=True)
     with (folder / "server.log").open("a") as log:
         # nohup: the server outlives the shell that started it (ray up's SSH session)
-        server = subprocess.Popen(["nohup", sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
-                                   "--host", "0.0.0.0", "--port", str(port), "--serve-artifacts"],
+        server = subprocess.Popen(["nohup", *server_command(port, folder / "tls" if authority else None)],
                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-    uri = f"http://127.0.0.1:{port}"
+    uri = local_uri(port, authority)
     try:
-        wait_for_server(uri, server.pid)
+        wait_for_server(uri, server.pid, authority)
     except SystemExit:
         print((folder / "server.log").read_text(errors="replace")[-2000:], file=sys.stderr)
         raise
-    done = ensure_user(uri, ("admin", secret["MLFLOW_AUTH_ADMIN_PASSWORD"]), secret["MLFLOW_TRACKING_USERNAME"],
-                       secret["MLFLOW_TRACKING_PASSWORD"])
-    print(f"MLflow user {secret['MLFLOW_TRACKING_USERNAME']}: {done}", flush=True)
+    done = ensure_user(uri, ("admin", secret["MLFLOW_AUTH_ADMIN_PASSWORD"]), user["MLFLOW_TRACKING_USERNAME"],
+                       user["MLFLOW_TRACKING_PASSWORD"], authority)
+    print(f"MLflow user {user['MLFLOW_TRACKING_USERNAME']}: {done}", flush=True)
     return server
 
 
-def collect(folder: Path, secret_file: Path, port: int) -> None:
+def collect(folder: Path, credentials_file: Path, port: int, head_source: str | None = None,
+            authority: Path | None = None) -> None:
     """``mlflow gc`` in this process, so the database's URI stays off every command line: the
     files of deleted checkpoints (and runs) go, through the server's artifact proxy, as admin."""
     from mlflow.cli import gc
 
-    env = server_environment(folder, read_secret(secret_file))
-    os.environ.update({key: env[key] for key in (*STORES, "MLFLOW_AUTH_ADMIN_PASSWORD")} | {
-        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}", "MLFLOW_TRACKING_USERNAME": "admin",
+    env = server_environment(folder, read_head_secret(folder, head_source)[0])
+    os.environ.update({key: env[key] for key in (*credentials.STORES, "MLFLOW_AUTH_ADMIN_PASSWORD")} | {
+        "MLFLOW_TRACKING_URI": local_uri(port, authority), "MLFLOW_TRACKING_USERNAME": "admin",
         "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_AUTH_ADMIN_PASSWORD"]})
     os.environ.update({key: value for key, value in env.items() if key.startswith("AWS_")})
+    if authority:
+        os.environ[CERT_PATH] = str(authority)
     gc.main(["--backend-store-uri", env["MLFLOW_BACKEND_STORE_URI"]], standalone_mode=False)
 
 
+def make_certificate(folder: Path, authority: Path) -> None:
+    made = tls.ensure_certificate(folder / "tls", authority, tls.addresses())
+    print(f"MLflow's certificate: {'made' if made else 'kept'} ({authority} signs it)", flush=True)
+
+
 def main(argv: list[str]) -> None:
-    commands = {"start": start, "gc": collect}
-    if len(argv) != 4 or argv[0] not in commands:
-        raise SystemExit("usage: python -m detsweep.tracking.server start|gc FOLDER SECRET_FILE PORT")
-    commands[argv[0]](Path(argv[1]), Path(argv[2]), int(argv[3]))
+    parser = argparse.ArgumentParser(prog="python -m detsweep.tracking.server")
+    commands = parser.add_subparsers(dest="command", required=True)
+    certificate = commands.add_parser("tls", help="the head's certificate")
+    certificate.add_argument("folder", type=Path)
+    certificate.add_argument("authority", type=Path)
+    for name in ("start", "gc"):
+        command = commands.add_parser(name)
+        command.add_argument("folder", type=Path)
+        command.add_argument("credentials", type=Path)
+        command.add_argument("port", type=int)
+        command.add_argument("--head-secret", help="secretsmanager:NAME or a file on the head")
+        command.add_argument("--tls", type=Path, help="the authority's certificate: serve HTTPS")
+    args = parser.parse_args(argv)
+    if args.command == "tls":
+        make_certificate(args.folder, args.authority)
+    else:
+        {"start": start, "gc": collect}[args.command](args.folder, args.credentials, args.port, args.head_secret, args.tls)
 
 
 if __name__ == "__main__":

@@ -8,19 +8,21 @@ import os
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import requests
 
 
-def wait_for_server(uri: str, pid: int | None = None, timeout_s: float = 300) -> None:
-    """Until ``uri`` answers; a server process (``pid``) that ended will not. Minutes on a busy
-    machine: each of MLflow's web workers imports MLflow and checks both databases' schemas."""
+def wait_for_server(uri: str, pid: int | None = None, authority: Path | None = None, timeout_s: float = 300) -> None:
+    """Until ``uri`` answers (with a certificate ``authority`` signed, for HTTPS); a server process
+    (``pid``) that ended will not. Minutes on a busy machine: each of MLflow's web workers
+    imports MLflow and checks both databases' schemas."""
     deadline = time.monotonic() + timeout_s
     while True:
         if pid is not None and not _alive(pid):
             raise SystemExit(f"{uri}: the MLflow server (pid {pid}) ended before it answered; see its log")
         try:
-            if requests.get(f"{uri}/health", timeout=5).status_code == 200:
+            if requests.get(f"{uri}/health", timeout=5, verify=str(authority) if authority else True).status_code == 200:
                 return
         except requests.RequestException:
             pass
@@ -44,14 +46,18 @@ def _zombie(pid: int) -> bool:
         return False
 
 
-def ensure_user(uri: str, admin: tuple[str, str], username: str, password: str) -> str:
+def ensure_user(uri: str, admin: tuple[str, str], username: str, password: str, authority: Path | None = None) -> str:
     """Create ``username`` with ``password``, or set that password if the user exists, as the
     admin, through MLflow's own client of the basic-auth app; returns what was done: "created"
     or "password set"."""
     from mlflow.exceptions import MlflowException
 
+    # where MLflow's REST client reads them
+    said = {"MLFLOW_TRACKING_USERNAME": admin[0], "MLFLOW_TRACKING_PASSWORD": admin[1]}
+    if authority:
+        said["MLFLOW_TRACKING_SERVER_CERT_PATH"] = str(authority)
     # MLflow's server app, imported on the way, warns of starlette's future on stderr: not ours to say.
-    with warnings.catch_warnings(), _credentials(*admin):  # where MLflow's REST client reads them
+    with warnings.catch_warnings(), _environment(said):
         warnings.simplefilter("ignore")
         from mlflow.server import get_app_client
 
@@ -68,9 +74,9 @@ def ensure_user(uri: str, admin: tuple[str, str], username: str, password: str) 
 
 
 @contextlib.contextmanager
-def _credentials(username: str, password: str) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    os.environ.update({"MLFLOW_TRACKING_USERNAME": username, "MLFLOW_TRACKING_PASSWORD": password})
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -13,10 +14,13 @@ log = logging.getLogger(__name__)
 
 
 class RetryingWriter:
-    """Runs queued calls in order on one thread; a call that fails is retried (1, 2, 4 … 30 s
-    apart) until it succeeds or ``close`` gives up on it after its deadline."""
+    """Runs queued calls in order on one thread; a call that fails is retried (about 1, 2, 4, 8,
+    10, 10 … s apart) until it succeeds or ``close`` gives up on it after its deadline. Each wait
+    is drawn between half and all of its step, so the trials a server restart cut do not all
+    come back at the same instant; capped at 10 s, a write waits at most that long after the
+    server is back (bench/tracking_load.py restarts it mid-sweep)."""
 
-    def __init__(self, max_backoff_s: float = 30.0):
+    def __init__(self, max_backoff_s: float = 10.0):
         self._calls: queue.Queue = queue.Queue()
         self._max_backoff_s = max_backoff_s
         self._deadline: float | None = None
@@ -64,8 +68,9 @@ class RetryingWriter:
                 if self._deadline is not None and time.monotonic() + backoff > self._deadline:
                     log.warning("MLflow: gave up on %s: %s", what, error)
                     return False
-                log.warning("MLflow: %s failed (%s); retrying in %.0f s", what, type(error).__name__, backoff)
-                time.sleep(backoff)
+                wait = random.uniform(backoff / 2, backoff)
+                log.warning("MLflow: %s failed (%s); retrying in %.0f s", what, type(error).__name__, wait)
+                time.sleep(wait)
                 backoff = min(2 * backoff, self._max_backoff_s)
 
 
