@@ -21,6 +21,7 @@ from detsweep.errors import DetsweepError
 
 EMBEDDED_DB = "mlflow.db"
 EMBEDDED_ARTIFACTS = "mlartifacts"
+CERT_PATH = "MLFLOW_TRACKING_SERVER_CERT_PATH"  # the authority an HTTPS server's certificate is checked against
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,6 @@ def check_backend(backend: Backend, timeout_s: float = 10.0) -> None:
     if answer.status_code != 200:
         raise DetsweepError(f"{backend.source}: {backend.uri} answered HTTP {answer.status_code} "
                             "to an MLflow API call; expected an MLflow tracking server")
-
-
-CERT_PATH = "MLFLOW_TRACKING_SERVER_CERT_PATH"
 
 
 def _certificate() -> str | bool:

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from . import credentials, tls
+from .backend import CERT_PATH
 from .users import ensure_user, wait_for_server
 
 # A credential checked once is trusted for 60 s (MLflow's auth cache, off by default): every
@@ -44,7 +45,6 @@ admin_username = admin
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 auth_cache_ttl_seconds = 60
 """
-CERT_PATH = "MLFLOW_TRACKING_SERVER_CERT_PATH"  # where MLflow's clients find the certificate to trust
 
 
 def read_head_secret(folder: Path, source: str | None) -> tuple[dict[str, str], bool]:

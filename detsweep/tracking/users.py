@@ -12,6 +12,8 @@ from pathlib import Path
 
 import requests
 
+from .backend import CERT_PATH
+
 
 def wait_for_server(uri: str, pid: int | None = None, authority: Path | None = None, timeout_s: float = 300) -> None:
     """Until ``uri`` answers (with a certificate ``authority`` signed, for HTTPS); a server process
@@ -55,7 +57,7 @@ def ensure_user(uri: str, admin: tuple[str, str], username: str, password: str, 
     # where MLflow's REST client reads them
     said = {"MLFLOW_TRACKING_USERNAME": admin[0], "MLFLOW_TRACKING_PASSWORD": admin[1]}
     if authority:
-        said["MLFLOW_TRACKING_SERVER_CERT_PATH"] = str(authority)
+        said[CERT_PATH] = str(authority)
     # MLflow's server app, imported on the way, warns of starlette's future on stderr: not ours to say.
     with warnings.catch_warnings(), _environment(said):
         warnings.simplefilter("ignore")
