@@ -298,12 +298,12 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     # runs these very command lines), its certificate made on the head, its head secret in Secrets Manager
     authority = "/home/ray/detsweep/cluster/tls/ca.crt"
     assert config["head_setup_commands"] == [f"python -m detsweep.tracking.server tls /home/ray/mlflow {authority}"]
-    server = ("/home/ray/detsweep/cluster/mlflow_server.sh {} /home/ray/mlflow /home/ray/.detsweep/mlflow.env 5000 "
+    server = ("/home/ray/detsweep/cluster/mlflow_server.sh {} /home/ray/mlflow {}5000 "
               f"--head-secret secretsmanager:detsweep/mlflow-head --tls {authority}")
-    assert server.format("start") in head
+    assert server.format("start", "/home/ray/.detsweep/mlflow.env ") in head
     assert 'exec python -m detsweep.tracking.server "$@"' in (REPO / "cluster" / "mlflow_server.sh").read_text()
-    # and, hourly, mlflow gc with the same arguments: deleted checkpoints' files go
-    assert server.format("gc") in head
+    # and, hourly, mlflow gc with the same head secret: deleted checkpoints' files go
+    assert server.format("gc", "") in head
     # the one MLflow secret every node gets is detsweep's user; the workers' instance profile is not the head's
     assert config["file_mounts"]["/home/ray/.detsweep/mlflow.env"] == "~/.detsweep/mlflow.env"
     assert len([path for path in config["file_mounts"].values() if "detsweep/" in path]) == 1

@@ -409,19 +409,77 @@ def test_trials_get_the_telemetry_choice_through_the_job_and_no_credential(monke
     assert trial_environment() == {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
-def test_a_raylet_started_through_the_credentials_runner_holds_detsweeps_user_in_its_environment_not_its_command_line(
-        tmp_path):
+def test_a_raylet_started_through_the_credentials_runner_holds_detsweeps_user_in_its_environment(tmp_path):
     """``python -m detsweep.tracking.credentials FILE -- COMMAND``, as ``ray_cluster.yaml``
     starts each raylet: COMMAND runs with the file's two values in its environment, read as
-    data; the password is on no command line."""
+    data (quotes dropped, nothing run); a file holding a head-only secret runs nothing."""
     credentials = tmp_path / "mlflow.env"
     credentials.write_text("# detsweep's user\nMLFLOW_TRACKING_USERNAME=detsweep\nMLFLOW_TRACKING_PASSWORD='pa$(id)ss'\n")
-    shown = run_bounded([sys.executable, "-m", "detsweep.tracking.credentials", str(credentials), "--", sys.executable,
-                         "-c", "import os, sys; print(os.environ['MLFLOW_TRACKING_USERNAME'], os.environ['MLFLOW_TRACKING_PASSWORD'],"
-                         " open('/proc/self/cmdline').read().replace(chr(0), ' '))"], timeout=60, cwd=REPO)
-    assert shown.returncode == 0, shown.stderr
-    user, password, command_line = shown.stdout.split(" ", 2)
-    assert (user, password) == ("detsweep", "pa$(id)ss") and "pa$(id)ss" not in command_line
+    show = [sys.executable, "-c", "import os; print(os.environ['MLFLOW_TRACKING_USERNAME'], os.environ['MLFLOW_TRACKING_PASSWORD'])"]
+    shown = run_bounded([sys.executable, "-m", "detsweep.tracking.credentials", str(credentials), "--", *show],
+                        timeout=60, cwd=REPO)
+    assert shown.returncode == 0 and shown.stdout.split() == ["detsweep", "pa$(id)ss"], shown.stderr
+    credentials.write_text(credentials.read_text() + "MLFLOW_FLASK_SERVER_SECRET_KEY=k\n")
+    refused = run_bounded([sys.executable, "-m", "detsweep.tracking.credentials", str(credentials), "--", *show],
+                          timeout=60, cwd=REPO)
+    assert refused.returncode == 1 and refused.stdout == "" and refused.stderr.startswith(
+        f"{credentials}: found MLFLOW_FLASK_SERVER_SECRET_KEY; expected only MLFLOW_TRACKING_USERNAME and ")
+
+
+def test_the_heads_secret_is_read_as_key_value_lines_or_json_and_a_refusal_is_one_line(tmp_path, monkeypatch):
+    """What Secrets Manager's console makes (JSON) and what ``--secret-string file://`` makes
+    (lines) read alike; a secret the head may not read, or a binary one, stops the start in one
+    line naming what to change; a missing one is the try-it-out server (None)."""
+    import boto3
+    from botocore.stub import Stubber
+
+    from detsweep.tracking.credentials import head_secret
+
+    lines = tmp_path / "head.env"
+    lines.write_text("MLFLOW_AUTH_ADMIN_PASSWORD=a\nMLFLOW_FLASK_SERVER_SECRET_KEY='k'\n")
+    as_json = tmp_path / "head.json"
+    as_json.write_text('{"MLFLOW_AUTH_ADMIN_PASSWORD": "a", "MLFLOW_FLASK_SERVER_SECRET_KEY": "k"}')
+    assert head_secret(str(lines)) == head_secret(str(as_json)) == {
+        "MLFLOW_AUTH_ADMIN_PASSWORD": "a", "MLFLOW_FLASK_SERVER_SECRET_KEY": "k"}
+
+    client = boto3.client("secretsmanager", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
+    monkeypatch.setattr(boto3, "client", lambda *args, **kwargs: client)
+    with Stubber(client) as stub:
+        stub.add_client_error("get_secret_value", "AccessDeniedException")
+        stub.add_client_error("get_secret_value", "ResourceNotFoundException")
+        stub.add_response("get_secret_value", {"SecretBinary": b"x", "Name": "detsweep/mlflow-head"})
+        with pytest.raises(SystemExit) as denied:
+            head_secret("secretsmanager:detsweep/mlflow-head")
+        assert str(denied.value) == ("secretsmanager:detsweep/mlflow-head: Secrets Manager refused to give it "
+                                     "(AccessDeniedException); expected the head's instance profile to allow "
+                                     "secretsmanager:GetSecretValue on it")
+        assert head_secret("secretsmanager:detsweep/mlflow-head") is None
+        with pytest.raises(SystemExit, match=r"^secretsmanager:detsweep/mlflow-head: found a binary secret; expected text"):
+            head_secret("secretsmanager:detsweep/mlflow-head")
+
+
+def test_the_heads_certificate_is_kept_while_it_fits_and_made_again_when_it_does_not(tmp_path):
+    """Made at every ``ray up``: kept while the authority's certificate signed it and it names
+    the head's addresses; made again for a new address, or when the authority beside it is
+    not the one that signed it (a set-up cut part-way, a copy over the head's)."""
+    from cryptography import x509
+
+    from detsweep.tracking.tls import SERVER_CERT, SERVER_KEY, ensure_certificate
+
+    folder, authority = tmp_path / "tls", tmp_path / "ca.crt"
+    assert ensure_certificate(folder, authority, ["10.0.0.5", "127.0.0.1", "localhost"])
+    assert (folder / SERVER_KEY).stat().st_mode & 0o777 == 0o600
+    signed = x509.load_pem_x509_certificate((folder / SERVER_CERT).read_bytes())
+    signed.verify_directly_issued_by(x509.load_pem_x509_certificate(authority.read_bytes()))
+    assert not ensure_certificate(folder, authority, ["10.0.0.5", "localhost"])  # kept
+    assert ensure_certificate(folder, authority, ["10.0.0.6", "localhost"])  # a new address
+    other = tmp_path / "other"
+    ensure_certificate(other, tmp_path / "other-ca.crt", ["10.0.0.6", "localhost"])
+    shutil.copy(tmp_path / "other-ca.crt", authority)  # an authority that did not sign it
+    assert ensure_certificate(folder, authority, ["10.0.0.6", "localhost"])
+    assert not ensure_certificate(folder, authority, ["10.0.0.6", "localhost"])
+
+
 def test_a_trials_cost_is_what_its_workers_held_for_as_long_as_it_ran():
     from detsweep.config import ScalingConfig
     from detsweep.sweeps.experiment import trial_cost

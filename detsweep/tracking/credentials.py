@@ -92,16 +92,21 @@ def _secrets_manager_value(name: str) -> str | None:
     import boto3
     import botocore.exceptions
 
+    where = f"{SECRETS_MANAGER}{name}"
     try:
-        return boto3.client("secretsmanager").get_secret_value(SecretId=name)["SecretString"]
+        value = boto3.client("secretsmanager").get_secret_value(SecretId=name)
     except botocore.exceptions.ClientError as error:
-        if error.response["Error"]["Code"] == "ResourceNotFoundException":
+        code = error.response["Error"]["Code"]
+        if code == "ResourceNotFoundException":
             return None
-        raise SystemExit(f"{SECRETS_MANAGER}{name}: Secrets Manager refused to give it "
-                         f"({error.response['Error']['Code']}); expected the head's instance profile to "
-                         "allow secretsmanager:GetSecretValue on it") from None
+        expected = ("the head's instance profile to allow secretsmanager:GetSecretValue on it"
+                    if code == "AccessDeniedException" else "a secret this head can read")
+        raise SystemExit(f"{where}: Secrets Manager refused to give it ({code}); expected {expected}") from None
     except botocore.exceptions.BotoCoreError as error:  # no region, no credentials, no answer
-        raise SystemExit(f"{SECRETS_MANAGER}{name}: could not ask Secrets Manager ({error})") from None
+        raise SystemExit(f"{where}: could not ask Secrets Manager ({error})") from None
+    if "SecretString" not in value:
+        raise SystemExit(f"{where}: found a binary secret; expected text (KEY=VALUE lines or a JSON object)")
+    return value["SecretString"]
 
 
 def generated_head_secret(folder: Path) -> dict[str, str]:
@@ -109,10 +114,19 @@ def generated_head_secret(folder: Path) -> dict[str, str]:
     restarted server keeps them."""
     path = folder / "head.env"
     if not path.exists():
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as out:
-            out.write("".join(f"{key}={secrets.token_hex(16)}\n" for key in HEAD_KEYS))
+        write_file(path, "".join(f"{key}={secrets.token_hex(16)}\n" for key in HEAD_KEYS).encode())
     return parse_env(path.read_text(), str(path))
+
+
+def write_file(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Whole or not at all (a scratch name, then renamed), and a secret never readable by
+    others for a moment: the file is made with ``mode``."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(data)
+    os.replace(temporary, path)
 
 
 def run_with_credentials(path: Path, command: list[str]) -> None:

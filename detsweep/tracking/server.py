@@ -2,7 +2,7 @@
 
     python -m detsweep.tracking.server tls FOLDER AUTHORITY_CERT
     python -m detsweep.tracking.server start FOLDER CREDENTIALS PORT [--head-secret SOURCE] [--tls AUTHORITY_CERT]
-    python -m detsweep.tracking.server gc FOLDER CREDENTIALS PORT [--head-secret SOURCE] [--tls AUTHORITY_CERT]
+    python -m detsweep.tracking.server gc FOLDER PORT [--head-secret SOURCE] [--tls AUTHORITY_CERT]
 
 CREDENTIALS is the trials' file (detsweep's user); SOURCE the head's secret
 (``secretsmanager:NAME`` or a file: the admin's password, the app's session key and where the
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -81,20 +82,16 @@ def server_environment(folder: Path, secret: dict[str, str]) -> dict[str, str]:
 def write_auth_config(folder: Path, database: str) -> None:
     """Users and permissions in the runs' database (their own tables): the file may hold its
     password, so only this user reads it."""
-    path = folder / "basic_auth.ini"
-    path.unlink(missing_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(AUTH_INI.format(database=database.replace("%", "%%")))
+    credentials.write_file(folder / "basic_auth.ini", AUTH_INI.format(database=database.replace("%", "%%")).encode())
 
 
 def server_command(port: int, certificates: Path | None) -> list[str]:
     """MLflow's basic-auth app on every interface; HTTPS with the head's certificate (uvicorn's own TLS)."""
     command = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", "0.0.0.0",
                "--port", str(port), "--serve-artifacts"]
-    if certificates:
-        command += ["--uvicorn-opts", f"--ssl-keyfile {certificates / tls.SERVER_KEY} "
-                                      f"--ssl-certfile {certificates / tls.SERVER_CERT}"]
+    if certificates:  # MLflow splits the options as a shell would
+        command += ["--uvicorn-opts", shlex.join(["--ssl-keyfile", str(certificates / tls.SERVER_KEY),
+                                                  "--ssl-certfile", str(certificates / tls.SERVER_CERT)])]
     return command
 
 
@@ -130,14 +127,13 @@ def start(folder: Path, credentials_file: Path, port: int, head_source: str | No
     return server
 
 
-def collect(folder: Path, credentials_file: Path, port: int, head_source: str | None = None,
-            authority: Path | None = None) -> None:
+def collect(folder: Path, port: int, head_source: str | None = None, authority: Path | None = None) -> None:
     """``mlflow gc`` in this process, so the database's URI stays off every command line: the
     files of deleted checkpoints (and runs) go, through the server's artifact proxy, as admin."""
     from mlflow.cli import gc
 
     env = server_environment(folder, read_head_secret(folder, head_source)[0])
-    os.environ.update({key: env[key] for key in (*credentials.STORES, "MLFLOW_AUTH_ADMIN_PASSWORD")} | {
+    os.environ.update({key: env[key] for key in credentials.STORES} | {
         "MLFLOW_TRACKING_URI": local_uri(port, authority), "MLFLOW_TRACKING_USERNAME": "admin",
         "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_AUTH_ADMIN_PASSWORD"]})
     os.environ.update({key: value for key, value in env.items() if key.startswith("AWS_")})
@@ -160,15 +156,18 @@ def main(argv: list[str]) -> None:
     for name in ("start", "gc"):
         command = commands.add_parser(name)
         command.add_argument("folder", type=Path)
-        command.add_argument("credentials", type=Path)
+        if name == "start":
+            command.add_argument("credentials", type=Path, help="the trials' file: detsweep's user")
         command.add_argument("port", type=int)
         command.add_argument("--head-secret", help="secretsmanager:NAME or a file on the head")
         command.add_argument("--tls", type=Path, help="the authority's certificate: serve HTTPS")
     args = parser.parse_args(argv)
     if args.command == "tls":
         make_certificate(args.folder, args.authority)
+    elif args.command == "start":
+        start(args.folder, args.credentials, args.port, args.head_secret, args.tls)
     else:
-        {"start": start, "gc": collect}[args.command](args.folder, args.credentials, args.port, args.head_secret, args.tls)
+        collect(args.folder, args.port, args.head_secret, args.tls)
 
 
 if __name__ == "__main__":

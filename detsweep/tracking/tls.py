@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+
+from .credentials import write_file
 
 SERVER_KEY, SERVER_CERT = "server.key", "server.crt"
 VALID = datetime.timedelta(days=825)
@@ -31,8 +34,8 @@ def addresses() -> list[str]:
 
 def ensure_certificate(folder: Path, authority: Path, hosts: list[str]) -> bool:
     """The server's key and certificate in ``folder`` for ``hosts``, signed by a new authority
-    whose certificate goes to ``authority``; kept if they already cover ``hosts``. True if made."""
-    if (folder / SERVER_CERT).exists() and authority.exists() and set(hosts) <= _names_in(folder / SERVER_CERT):
+    whose certificate goes to ``authority``; kept if they still fit (``_still_good``). True if made."""
+    if _still_good(folder, authority, hosts):
         return False
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -40,10 +43,10 @@ def ensure_certificate(folder: Path, authority: Path, hosts: list[str]) -> bool:
     authority_cert = _certificate("detsweep cluster CA", authority_key.public_key(), authority_key, None, hosts=None)
     server_cert = _certificate("detsweep MLflow server", server_key.public_key(), authority_key, authority_cert, hosts)
     folder.mkdir(parents=True, exist_ok=True)
-    _write(folder / SERVER_KEY, _pem_key(server_key), 0o600)
-    _write(folder / SERVER_CERT, _pem(server_cert), 0o644)
+    write_file(folder / SERVER_KEY, _pem_key(server_key), 0o600)
+    write_file(folder / SERVER_CERT, _pem(server_cert), 0o644)
     authority.parent.mkdir(parents=True, exist_ok=True)
-    _write(authority, _pem(authority_cert), 0o644)
+    write_file(authority, _pem(authority_cert), 0o644)
     return True
 
 
@@ -60,8 +63,11 @@ def _certificate(name: str, public_key, signer, issuer_cert, hosts: list[str] | 
                .not_valid_after(now + VALID)
                .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
     if hosts is None:  # the authority: signs certificates, nothing else
+        signs = x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                              encipher_only=False, decipher_only=False)
         builder = (builder.add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-                   .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True))
+                   .add_extension(signs, critical=True))
     else:
         builder = (builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                    .add_extension(x509.SubjectAlternativeName([_general_name(host) for host in hosts]), critical=False)
@@ -79,12 +85,23 @@ def _general_name(host: str):
         return x509.DNSName(host)
 
 
-def _names_in(path: Path) -> set[str]:
+def _still_good(folder: Path, authority: Path, hosts: list[str]) -> bool:
+    """The key, the certificate and the authority's all there, the certificate signed by that
+    authority (a set-up cut part-way, or an authority copied over the head's, is not),
+    unexpired, and naming every one of ``hosts``."""
     from cryptography import x509
 
-    names = x509.load_pem_x509_certificate(path.read_bytes()).extensions.get_extension_for_class(
-        x509.SubjectAlternativeName).value
-    return {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} | set(names.get_values_for_type(x509.DNSName))
+    if not all(path.exists() for path in (folder / SERVER_KEY, folder / SERVER_CERT, authority)):
+        return False
+    server = x509.load_pem_x509_certificate((folder / SERVER_CERT).read_bytes())
+    try:
+        server.verify_directly_issued_by(x509.load_pem_x509_certificate(authority.read_bytes()))
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    named = {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} | set(names.get_values_for_type(x509.DNSName))
+    soon = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=30)
+    return set(hosts) <= named and server.not_valid_after_utc > soon
 
 
 def _pem(cert) -> bytes:
@@ -100,11 +117,3 @@ def _pem_key(key) -> bytes:
                              serialization.NoEncryption())
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """Whole or not at all, and never readable by others for a moment (a key)."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(data)
-    os.replace(temporary, path)

@@ -26,6 +26,8 @@ def wait_for_server(uri: str, pid: int | None = None, authority: Path | None = N
         try:
             if requests.get(f"{uri}/health", timeout=5, verify=str(authority) if authority else True).status_code == 200:
                 return
+        except requests.exceptions.SSLError as error:  # answering, with another certificate: waiting cannot help
+            raise SystemExit(f"{uri}: the MLflow server's certificate was not signed by {authority} ({error})") from None
         except requests.RequestException:
             pass
         if time.monotonic() > deadline:
