@@ -360,7 +360,7 @@ def test_a_sweep_in_a_bucket_interrupted_is_resumed_from_the_bucket_alone(s3, tm
 def actors_of(cluster: AutoscalingCluster, class_name: str) -> list:
     from ray.util.state import list_actors
 
-    return list_actors(address=cluster.dashboard, filters=[("class_name", "=", class_name)], detail=True,
+    return list_actors(address=cluster.address, filters=[("class_name", "=", class_name)], detail=True,
                        raise_on_missing_output=False)
 
 
@@ -411,7 +411,7 @@ def test_a_worker_node_lost_mid_trial_is_replaced_and_the_trial_ends_at_its_last
         for kept in ("ImplicitFunc", "TrainController"):  # the trial (Tune names its class so) and its controller
             assert {actor.node_id for actor in actors_of(autoscaling, kept) if actor.state == "ALIVE"} == {head}, kept
         # by construction, not by chance: the trial's placement asks for the head's own resource
-        groups = list_placement_groups(address=autoscaling.dashboard, detail=True, raise_on_missing_output=False)
+        groups = list_placement_groups(address=autoscaling.address, detail=True, raise_on_missing_output=False)
         assert any("node:__internal_head__" in bundle["unit_resources"] for group in groups
                    if group.state == "CREATED" for bundle in group.bundles)
         kill_raylet(worker.node_id)
