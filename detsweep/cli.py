@@ -266,11 +266,11 @@ def finetune_command(args: argparse.Namespace) -> int:
 def ui_command(args: argparse.Namespace) -> int:
     """A server's URL is printed (it is already serving); the embedded backend gets ``mlflow ui``."""
     from detsweep.tracking import resolve_backend
-    from detsweep.tracking.backend import ui_command_line
+    from detsweep.tracking.backend import CERT_PATH, ui_command_line
 
     backend = resolve_backend(_tracking_of(args.config))
     if backend.is_server:
-        authority = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH")
+        authority = os.environ.get(CERT_PATH)
         trust = f" (a browser trusts it once it trusts {authority})" if authority and backend.uri.startswith("https") else ""
         print(f"MLflow: {backend.uri}{trust}")
         return 0
