@@ -177,14 +177,17 @@ AUTH = {"RAY_AUTH_MODE": "disabled"}
 class AutoscalingCluster:
     address: str
     config: Path  # the cluster config its autoscaler runs on
+    dashboard: str  # its State API's HTTP address
     env = AUTH  # what a client process needs to reach it
 
     def alive_nodes(self) -> list:
-        """From the cluster's own State API, reached by its address: this process never joins
-        the cluster (``ray.init`` here would tie it to whatever Ray state earlier tests left)."""
+        """From the cluster's own State API over HTTP: this process never joins the cluster
+        (``ray.init`` here would tie it to whatever Ray state earlier tests left), nor opens a
+        GCS client (given the GCS's address, the State API does, and once that GCS is gone Ray
+        ends this whole process at its next Ray call, 60 s later, with exit status 1)."""
         from ray.util.state import list_nodes
 
-        return list_nodes(address=self.address, filters=[("state", "=", "ALIVE")], detail=True,
+        return list_nodes(address=self.dashboard, filters=[("state", "=", "ALIVE")], detail=True,
                           raise_on_missing_output=False)
 
     def worker_nodes(self) -> list:
@@ -200,19 +203,20 @@ def autoscaling_cluster(folder: Path, env: dict[str, str]) -> Iterator[Autoscali
     """``ray start --head --num-cpus=0 --autoscaling-config=…`` with the fake provider; every
     process it starts, the nodes its autoscaler adds included, is in the command's session and
     stopped with it at the end (``ray stop`` would stop every Ray cluster on the machine)."""
-    port = free_port()
+    port, dashboard_port = free_port(), free_port()
     config = folder / "cluster.yaml"
     config.write_text(yaml.safe_dump(fake_cluster_config(port)))
     # The autoscaler looks every 3 s: a node is seen to be missing a few seconds before it is added.
     head_env = {**os.environ, **env, **AUTH, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "3"}
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=0", f"--port={port}",
-                             "--node-ip-address=127.0.0.1", f"--autoscaling-config={config}", "--dashboard-port=0"],
+                             "--node-ip-address=127.0.0.1", f"--autoscaling-config={config}",
+                             f"--dashboard-port={dashboard_port}"],
                             env=head_env, stdout=(folder / "head.log").open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     address = f"127.0.0.1:{port}"
     try:
         _wait_for(lambda: head.poll() is None and _gcs_up(port), 120, "the autoscaling cluster's head")
-        cluster = AutoscalingCluster(address, config)
+        cluster = AutoscalingCluster(address, config, f"http://127.0.0.1:{dashboard_port}")
         _wait_for(lambda: _answers_state(cluster), 120, "the autoscaling cluster's State API")
         yield cluster
     finally:

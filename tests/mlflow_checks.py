@@ -333,6 +333,7 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
 
     from mlflow import MlflowClient
     from selenium import webdriver
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -396,7 +397,16 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
         checkpoint = best_checkpoint(client, report["mlflow"]["experiment_id"], best["mlflow_run_id"], report["metric"],
                                      report["mode"])
         browser.get(f"http://127.0.0.1:{port}/#/experiments/{report['mlflow']['experiment_id']}/runs/{best['mlflow_run_id']}")
-        WebDriverWait(browser, 30).until(lambda _: checkpoint.name in page())
+        try:
+            WebDriverWait(browser, 60).until(lambda _: checkpoint.name in page())
+        except TimeoutException:
+            browser.save_screenshot(str(screenshots / "trial-failed.png"))
+            listed = page()
+            listed = listed[listed.find("Logged models"):][:1500]
+            held = [(model.name, model.status) for model in checkpoints(
+                client, [report["mlflow"]["experiment_id"]], best["mlflow_run_id"], ready=False)]
+            raise AssertionError(f"{checkpoint.name} is not on its trial's page; MLflow holds {held}; "
+                                 f"the page lists: {listed}") from None
         browser.save_screenshot(str(screenshots / "trial.png"))
 
         registered = report["mlflow"]["registered_model"]

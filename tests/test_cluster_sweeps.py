@@ -96,9 +96,11 @@ def test_trials_at_once_follow_what_the_cluster_can_grow_to_within_its_max_worke
 # --- a cluster that autoscales from zero worker nodes ------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def autoscaling(tmp_path_factory, s3) -> Iterator[AutoscalingCluster]:
-    """Its nodes reach the S3 server as a cluster's nodes reach their region's S3."""
+    """A new cluster for each test: one test's nodes, or demand its killed processes left,
+    would be another's head start. Its nodes reach the S3 server as a cluster's nodes reach
+    their region's S3."""
     with autoscaling_cluster(tmp_path_factory.mktemp("autoscaling"), env=s3.env) as cluster:
         yield cluster
 
@@ -145,7 +147,7 @@ def test_a_sweep_on_a_cluster_that_autoscales_from_zero_waits_for_its_nodes_runs
     worker type, says what it waits for while the autoscaler adds nodes, runs both trials at
     once on two new nodes, and the nodes go away once idle. Without a cluster config the
     nodes alive are all there is: the sweep is refused in one line, nothing started."""
-    wait_until(lambda: not autoscaling.worker_nodes(), 120, "worker nodes still up from an earlier test")
+    assert not autoscaling.worker_nodes()  # from zero
     sweep = tiny_cluster_sweep(tmp_path, "autoscaled", TWO_TRIALS)
     head_home = tmp_path / "head-home"
     head_home.mkdir()
@@ -247,9 +249,9 @@ def shapes_in_bucket(s3, tmp_path: Path, bucket: str) -> str:
 @pytest.mark.timeout(900)
 def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_read_back_from_it(s3, tmp_path):
     """Data, Tune's state and every checkpoint in the bucket: the sweep finishes, its best
-    checkpoint is a bucket URI that ``status``, registration, ``export --from checkpoint:`` and
-    ``finetune --from checkpoint:`` read, each trial's checkpoints are bounded, and no Ray
-    Train run is left beside it."""
+    checkpoint is a bucket URI that ``status``, registration and ``finetune --from checkpoint:``
+    read (``export`` reads it by the same code, ``source.local_copy``), each trial's
+    checkpoints are bounded, and no Ray Train run is left beside it."""
     bucket = s3.new_bucket("sweeps")
     data = shapes_in_bucket(s3, tmp_path, bucket)
     dataset = f"{{format: coco, annotations: {data}/annotations.json, images: {data}/images}}"
@@ -277,10 +279,6 @@ def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_r
     # 6 evaluations each; the window (10 + 5 + 5 steps) holds 5, with the best and a donor's: at most 6
     assert len(per_trial) == 2 and all(count <= 6 for count in per_trial.values()), per_trial
 
-    exported = run_cli("export", "--from", f"checkpoint:{report['best']['checkpoint']}", "--format", "saved_model",
-                       "--out", str(tmp_path / "exported"), cwd=tmp_path, env=s3.env, timeout=300)
-    assert exported.returncode == 0, exported.stderr[-2000:]
-    assert (tmp_path / "exported" / "saved_model.pb").is_file()
     best = report["best"]["checkpoint"]
     steps = [f"train.{key}=5" for key in ("num_steps", "steps_per_loop", "eval_every", "checkpoint_every")]
     tuned = run_cli("finetune", "--from", f"checkpoint:{best}", *[arg for o in steps for arg in ("--set", o)],
@@ -290,8 +288,8 @@ def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_r
     out = json.loads(tuned.stdout)
     assert out["source"]["checkpoint"] == best and out["steps"] == 5 and out["warm_start"]["fresh"] == []
     assert out["checkpoint"].startswith(f"s3://{bucket}/finetune/")  # its own results in the bucket too
-    missing = run_cli("export", "--from", f"checkpoint:s3://{bucket}/ray/nothing", "--format", "saved_model",
-                      "--out", str(tmp_path / "none"), cwd=tmp_path, env=s3.env, timeout=120)
+    missing = run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
+                      timeout=120)
     assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
                                                        f"s3://{bucket}/ray/nothing is not a detsweep checkpoint (expected "
                                                        "config.yaml and ckpt.index in it)\n")
@@ -360,7 +358,7 @@ def test_a_sweep_in_a_bucket_interrupted_is_resumed_from_the_bucket_alone(s3, tm
 def actors_of(cluster: AutoscalingCluster, class_name: str) -> list:
     from ray.util.state import list_actors
 
-    return list_actors(address=cluster.address, filters=[("class_name", "=", class_name)], detail=True,
+    return list_actors(address=cluster.dashboard, filters=[("class_name", "=", class_name)], detail=True,
                        raise_on_missing_output=False)
 
 
@@ -390,7 +388,7 @@ def test_a_worker_node_lost_mid_trial_is_replaced_and_the_trial_ends_at_its_last
 
     from .conftest import cli_environment, kill_session
 
-    wait_until(lambda: not autoscaling.worker_nodes(), 120, "worker nodes still up from an earlier test")
+    assert not autoscaling.worker_nodes()  # from zero
     bucket = s3.new_bucket("spot")
     one_trial = "  metric: train/loss\n  mode: min\n  num_samples: 1\n"
     sweep = tiny_cluster_sweep(tmp_path, "spot", one_trial, storage=f"s3://{bucket}/ray", num_steps=40, every=10)
@@ -411,7 +409,7 @@ def test_a_worker_node_lost_mid_trial_is_replaced_and_the_trial_ends_at_its_last
         for kept in ("ImplicitFunc", "TrainController"):  # the trial (Tune names its class so) and its controller
             assert {actor.node_id for actor in actors_of(autoscaling, kept) if actor.state == "ALIVE"} == {head}, kept
         # by construction, not by chance: the trial's placement asks for the head's own resource
-        groups = list_placement_groups(address=autoscaling.address, detail=True, raise_on_missing_output=False)
+        groups = list_placement_groups(address=autoscaling.dashboard, detail=True, raise_on_missing_output=False)
         assert any("node:__internal_head__" in bundle["unit_resources"] for group in groups
                    if group.state == "CREATED" for bundle in group.bundles)
         kill_raylet(worker.node_id)
