@@ -17,6 +17,7 @@ import yaml
 
 from .cluster_parts import WORKER_TYPE, AutoscalingCluster, autoscaling_cluster
 from .conftest import REPO, run_cli
+from .mlflow_checks import check_mlflow_runs
 
 COCO_GPU = REPO / "sweeps" / "coco_gpu.yaml"
 CLUSTER_FILE = REPO / "ray_cluster.yaml"
@@ -297,9 +298,12 @@ def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_r
 
 @pytest.mark.timeout(900)
 def test_a_sweep_in_a_bucket_interrupted_is_resumed_from_the_bucket_alone(s3, tmp_path):
-    """The driver killed after its first checkpoint reached the bucket; nothing of its machine
-    is used again (another folder, an empty data cache): ``resume`` of the bucket's URI
-    finishes the trial from that checkpoint. A bucket that does not exist is one line."""
+    """The driver killed after its first checkpoint reached the bucket; ``status`` of the
+    bucket's URI says the trial did not end. Nothing of its machine is used again (another
+    folder, an empty data cache) but its MLflow (a cluster's server would be elsewhere too):
+    ``resume`` of the bucket's URI finds the sweep's MLflow by itself and finishes the trial
+    from that checkpoint, on the same MLflow runs, which say what it restored. A bucket that
+    does not exist is one line."""
     import subprocess
     import sys
 
@@ -341,15 +345,26 @@ def test_a_sweep_in_a_bucket_interrupted_is_resumed_from_the_bucket_alone(s3, tm
 
     second = tmp_path / "second-machine"
     second.mkdir()
+    unfinished = run_cli("status", f"s3://{bucket}/ray/cut", "--json", cwd=second, env=s3.env, timeout=120)
+    assert any(t["status"] not in ("TERMINATED", "STOPPED") for t in json.loads(unfinished.stdout)["trials"])
     resumed = run_cli("resume", f"s3://{bucket}/ray/cut", "--json", "--no-register", cwd=second,
                       env={**s3.env, "DETSWEEP_DATA_CACHE": str(second / "cache")}, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    [trial] = json.loads(resumed.stdout)["trials"]
+    report = json.loads(resumed.stdout)
+    assert report["mlflow"]["tracking_uri"] == f"sqlite:///{first / 'mlflow.db'}"  # remembered, not this folder's
+    check_mlflow_runs(report, num_steps=30, every=10, registered=False)  # the same runs continued
+    [trial] = report["trials"]
     assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 30
     results = [json.loads(line) for line in s3.client().get_object(
         Bucket=bucket, Key=f"ray/cut/trial_{trial['trial_id']}/result.json")["Body"].read().decode().splitlines()]
     after = [row["step"] for row in results if row["timestamp"] >= killed_at]
     assert after and after[0] > 10, after  # it went on from the checkpoint in the bucket, not from step 0
+    # its run says so: restored from the checkpoint before its first step after the kill (logged
+    # with that step, or the next one if the run had it already)
+    from mlflow import MlflowClient
+
+    [restored] = MlflowClient(report["mlflow"]["tracking_uri"]).get_metric_history(trial["mlflow_run_id"], "restore/step")
+    assert restored.value == after[0] - 10 and restored.step >= after[0], (restored, after)
 
 
 # --- a node lost mid-trial ----------------------------------------------------------------

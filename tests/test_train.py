@@ -289,9 +289,11 @@ def test_mixed_float16_trains_with_dynamic_loss_scaling(tmp_path):
 
     try:
         recorder = Recorder(tmp_path)
+        # float16 on a CPU is emulated: 2 images of 64 px take 15 s here, the quickstart's 8 of 128 px 100 s
+        small = ["train.batch_size=2", *(f"{part}.image_size=64" for part in ("model", "data.train", "data.val"))]
         run_training(short_config("train.mixed_precision=mixed_float16", "train.num_steps=3", "train.steps_per_loop=3",
                                   "train.checkpoint_every=3", "optimizer.learning_rate.total_steps=3",
-                                  "optimizer.learning_rate.warmup_steps=1", "train.eval_every=0"), recorder)
+                                  "optimizer.learning_rate.warmup_steps=1", "train.eval_every=0", *small), recorder)
         assert keras.mixed_precision.global_policy().name == "mixed_float16"
     finally:
         keras.mixed_precision.set_global_policy("float32")
