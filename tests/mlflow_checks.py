@@ -401,8 +401,8 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
             WebDriverWait(browser, 60).until(lambda _: checkpoint.name in page())
         except TimeoutException:
             browser.save_screenshot(str(screenshots / "trial-failed.png"))
-            listed = page()
-            listed = listed[listed.find("Logged models"):][:1500]
+            text = page()
+            listed = text[text.index("Logged models"):][:1500] if "Logged models" in text else text[:1500]
             held = [(model.name, model.status) for model in checkpoints(
                 client, [report["mlflow"]["experiment_id"]], best["mlflow_run_id"], ready=False)]
             raise AssertionError(f"{checkpoint.name} is not on its trial's page; MLflow holds {held}; "
