@@ -218,6 +218,7 @@ OUR_LINES = re.compile("|".join([
     r"trial +status +step .+", r"\w+_\d{5} +(PENDING|RUNNING|PAUSED|TERMINATED|STOPPED|ERROR)\b.*",  # the trial table
     r"first loop after .+", r"step \d+/\d+ .+", r"finished at step \d+", r"  [\w/]+ +-?[\d.]+",
     r"checkpoint: .+", r"MLflow run: \w+",
+    r"waiting for \d+ (nodes? of type \S+|trial worker\(s\)) .+",  # a trial waits for nodes to start
 ]))
 
 

@@ -1,7 +1,8 @@
 """Sweeps run for real: ``detsweep launch``, ``status`` and ``resume`` on a local Ray cluster,
-with ASHA (synchronous and on evaluations beside training), a diverging trial and a killed
-training worker. Optuna and PBT run on the two-node cluster (``test_two_node_cluster.py``);
-a killed driver's sweep is resumed from its bucket (``test_cluster_sweeps.py``).
+with ASHA (synchronous and on evaluations beside training) and a diverging trial. Optuna and
+PBT run on the two-node cluster (``test_two_node_cluster.py``); a killed driver's sweep is
+resumed from its bucket, and a trial whose worker's node is lost during a tracking server's
+outage ends from its checkpoint there (``test_cluster_sweeps.py``).
 
 Trials are tiny (synthetic 128 px images, 20-40 steps), so most of each test is Ray
 starting trials; every test runs its sweep once and checks all it can on it.
@@ -10,11 +11,8 @@ starting trials; every test runs its sweep once and checks all it can on it.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,15 +20,12 @@ import pytest
 from .conftest import (
     REPO,
     cli_environment,
-    commands_in_session,
     foreign_lines,
-    kill_session,
     plain,
     run_cli,
     run_on_terminal,
-    time_left,
 )
-from .mlflow_checks import check_mlflow_runs, check_mlflow_ui, free_port, mlflow_server
+from .mlflow_checks import check_mlflow_runs, check_mlflow_ui
 from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
 
 
@@ -197,100 +192,6 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(tmp_path):
     stopped = at_rung[second["trial_id"]] < at_rung[first["trial_id"]]
     assert second["status"] == ("STOPPED" if stopped else "TERMINATED"), (at_rung, second["status"])
     check_mlflow_runs(report, num_steps=30, every=5, eval_every=10)
-
-
-def test_a_killed_worker_and_a_tracking_server_outage_lose_no_step(tmp_path):
-    """Mid-trial, the MLflow server goes away for 15 s and the training worker is killed.
-    Ray Train restarts the worker from its checkpoint and the trial ends at exactly
-    num_steps; what the trial logged while the server was away is retried and arrives once it
-    is back; the trial keeps one MLflow run with every loop once, in order: loops of 2 steps,
-    most of them past Ray Train (which polls its workers only every 5 s here) down the
-    report channel. The steps trained twice are on the run, and none is older than the
-    checkpoint the kill found."""
-    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n", num_steps=40, every=10,
-                       loop=2, scaling="{max_failures: 1}")
-    port = free_port()
-    with mlflow_server(tmp_path, port=port) as uri:
-        launch = subprocess.Popen([sys.executable, "-m", "detsweep", "launch", str(sweep), "--json", "--no-register"],
-                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  start_new_session=True,
-                                  env=cli_environment({"MLFLOW_TRACKING_URI": uri, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "5"}))
-        assert wait_for_train_metric(uri) < 40
-    down_at = time.monotonic()  # the server is stopped; the trial trains on
-    try:
-        checkpointed = kill_train_worker_after_a_checkpoint(tmp_path / "ray", session=launch.pid)
-        time.sleep(max(0.0, 15 - (time.monotonic() - down_at)))  # the outage lasts 15 s: past the writer's 10 s backoff
-        with mlflow_server(tmp_path, port=port):
-            stdout, stderr = launch.communicate(timeout=time_left())
-            check_killed_worker_run(stdout, stderr, launch.returncode, checkpointed)
-    finally:
-        kill_session(launch)
-
-
-def check_killed_worker_run(stdout: str, stderr: str, returncode: int, checkpointed: int) -> None:
-    assert returncode == 0, stderr[-3000:]
-    assert checkpointed < 40  # the kill landed mid-training
-    report = json.loads(stdout)
-    # a write hit the outage and was retried: the trial's process said so, in the sweep's log
-    [log] = Path(report["path"], "logs").glob("launch-*.log")
-    assert "failed (" in log.read_text() and "retrying in" in log.read_text()
-    assert not foreign_lines(stderr), foreign_lines(stderr)
-    trial = report["trials"][0]
-    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40
-    steps = [row["step"] for row in next(iter(results_of(Path(report["path"])).values()))]
-    assert steps == list(range(2, 41, 2))  # continued from the checkpoint: no step reported twice
-    run = check_mlflow_runs(report, num_steps=40, every=2, eval_every=10, registered=False)[trial["trial_id"]]
-    assert "detsweep.lost_writes" not in run.data.tags
-    # Ray Train saw the dead worker and restarted the group once; what it trained again (if
-    # the kill came after loops past the checkpoint had been passed on) is after that checkpoint.
-    assert run.data.tags["detsweep.worker_failures"].startswith("1: "), run.data.tags
-    from detsweep.tracking.trial_run import ReplayedSteps
-
-    replayed = ReplayedSteps.parse(run.data.tags.get("detsweep.replayed_steps", "")).ranges
-    assert len(replayed) <= 1 and all(checkpointed < first <= last < 40 for first, last in replayed), (replayed, checkpointed)
-
-
-def wait_for_train_metric(uri: str, timeout_s: float = 300) -> int:
-    """The first training step a trial logged to the server at ``uri``."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        experiments = [experiment.experiment_id for experiment in client.search_experiments()]
-        runs = client.search_runs(experiments, filter_string="tags.`detsweep.role` = 'trial'")
-        steps = [m.step for run in runs for m in client.get_metric_history(run.info.run_id, "train/loss")]
-        if steps:
-            return min(steps)
-        time.sleep(1)
-    raise AssertionError("no trial logged a training step in time")
-
-
-def kill_train_worker_after_a_checkpoint(storage: Path, session: int, timeout_s: float = 300) -> int:
-    """Once Ray Train has registered a checkpoint of the trial's run, SIGKILL its training
-    worker (Ray names the process ``ray::RayTrainWorker…``), found among the processes of
-    ``session`` only; returns the step of the latest checkpoint Ray Train had registered: the
-    one a restart goes on from. (A checkpoint saved but not yet reported, for a poll that
-    never came, is not one: a restart goes back before it.)"""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        registered = [step for path in storage.glob("*-train-*/checkpoint_manager_snapshot.json")
-                      for step in registered_steps(path)]
-        workers = [pid for pid, command in commands_in_session(session).items() if "RayTrainWorker" in command]
-        if registered and workers:
-            os.kill(workers[0], signal.SIGKILL)
-            return max(registered)
-        time.sleep(0.5)
-    raise AssertionError("no Ray Train worker with a registered checkpoint was found to kill in time")
-
-
-def registered_steps(snapshot: Path) -> list[int]:
-    """The steps of the checkpoints in Ray Train's checkpoint manager snapshot."""
-    try:
-        results = json.loads(snapshot.read_text())["checkpoint_results"]
-    except (OSError, ValueError, KeyError):  # being written
-        return []
-    return [int(result["metrics"]["step"]) for result in results]
 
 
 def test_bohb_ranks_paused_trials_stops_one_where_it_paused_and_resumes_the_other_from_its_checkpoint(tmp_path):

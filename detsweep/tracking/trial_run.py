@@ -289,7 +289,8 @@ class TrialRun:
 
 
 class ReplayedSteps:
-    """Steps reported again, as ranges: one range per restart that went back."""
+    """Steps reported again, as ranges: a restart that went back replays one, split where a
+    step arrives for the first time (one the lost worker never passed on)."""
 
     def __init__(self, ranges: list[list[int]] | None = None):
         self.ranges = ranges or []
