@@ -50,6 +50,11 @@ class S3Server:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
+    def read(self, uri: str) -> str:
+        """The text of the object at ``s3://bucket/key``."""
+        bucket, key = uri.removeprefix("s3://").split("/", 1)
+        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+
     def upload(self, folder: Path, bucket: str, prefix: str) -> str:
         """Every file under ``folder`` to ``s3://bucket/prefix/…``; returns that URI."""
         client = self.client()

@@ -18,6 +18,7 @@ import yaml
 from .cluster_parts import WORKER_TYPE, AutoscalingCluster, autoscaling_cluster
 from .conftest import REPO, foreign_lines, run_cli
 from .mlflow_checks import check_mlflow_runs
+from .tiny_sweeps import shapes_in_bucket
 
 COCO_GPU = REPO / "sweeps" / "coco_gpu.yaml"
 CLUSTER_FILE = REPO / "ray_cluster.yaml"
@@ -218,94 +219,6 @@ def test_pbt_exploits_a_checkpoint_older_than_its_donors_newest_and_the_bucket_k
 
 
 # --- data and results in a bucket ---------------------------------------------------------
-
-
-PBT_TWO_TRIALS = """  metric: train/loss
-  mode: min
-  num_samples: 2
-  seed: 3
-  scheduler:
-    type: pbt
-    perturbation_interval: 10
-    mutations:
-      optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
-  space:
-    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
-"""
-
-
-def shapes_in_bucket(s3, tmp_path: Path, bucket: str) -> str:
-    """A synthetic COCO dataset that exists only in the bucket; its prefix's URI."""
-    shapes = tmp_path / "shapes"
-    made = run_cli("data", "synth", "--out", str(shapes), "--num-images", "16", "--image-size", "128",
-                   "--classes", "3", "--seed", "1", timeout=120)
-    assert made.returncode == 0, made.stderr
-    uri = s3.upload(shapes, bucket, "datasets/shapes")
-    import shutil
-
-    shutil.rmtree(shapes)
-    return uri
-
-
-@pytest.mark.timeout(900)
-def test_a_pbt_sweep_trains_on_data_in_a_bucket_keeps_its_results_there_and_is_read_back_from_it(s3, tmp_path):
-    """Data, Tune's state and every checkpoint in the bucket: the sweep finishes, its best
-    checkpoint is a bucket URI that ``status``, registration and ``finetune CONFIG.yaml --from
-    checkpoint:`` read (``export`` reads it by the same code, ``source.local_copy``; a local
-    folder too), each trial's checkpoints are bounded, and no Ray Train run is left beside it."""
-    bucket = s3.new_bucket("sweeps")
-    data = shapes_in_bucket(s3, tmp_path, bucket)
-    dataset = f"{{format: coco, annotations: {data}/annotations.json, images: {data}/images}}"
-    sweep = tiny_cluster_sweep(tmp_path, "pbt_bucket", PBT_TWO_TRIALS, storage=f"s3://{bucket}/ray",
-                               data=f"{{train: {dataset}, val: {dataset}}}", num_steps=30)
-    env = {**s3.env, "DETSWEEP_DATA_CACHE": str(tmp_path / "node-cache")}
-    result = run_cli("launch", str(sweep), "--json", cwd=tmp_path, env=env, timeout=700)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    assert report["path"] == f"s3://{bucket}/ray/pbt_bucket"
-    assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"], report["trials"]
-    assert all(t["metrics"]["step"] == 30 and t["checkpoint"].startswith(f"s3://{bucket}/ray/pbt_bucket/trial_")
-               for t in report["trials"])
-    assert "16 images" in result.stderr and report["mlflow"]["registered_model"]["version"] == 1
-    assert (tmp_path / "node-cache" / "s3" / bucket / "datasets" / "shapes" / "images").is_dir()  # read from there
-
-    status = run_cli("status", report["path"], "--json", cwd=tmp_path, env=s3.env, timeout=120)
-    assert status.returncode == 0 and json.loads(status.stdout)["best"]["checkpoint"] == report["best"]["checkpoint"]
-    keys = s3.keys(bucket, "ray/")
-    assert {key.split("/")[1] for key in keys} - {""} == {"pbt_bucket"}, "a Ray Train run was left in the storage"
-    per_trial = {}
-    for key in keys:
-        if "/checkpoint_" in key and key.endswith("/meta.json"):
-            per_trial[key.split("/")[2]] = per_trial.get(key.split("/")[2], 0) + 1
-    # 6 evaluations each; the window (10 + 5 + 5 steps) holds 5, with the best and a donor's: at most 6
-    assert len(per_trial) == 2 and all(count <= 6 for count in per_trial.values()), per_trial
-
-    best = report["best"]["checkpoint"]
-    # a positional CONFIG.yaml: what it sets is merged over the checkpoint's own config, then --set
-    shorter = tmp_path / "shorter.yaml"
-    shorter.write_text("train: {num_steps: 5, steps_per_loop: 5, eval_every: 5, checkpoint_every: 5}\n")
-    tuned = run_cli("finetune", str(shorter), "--from", f"checkpoint:{best}", "--set",
-                    "optimizer.learning_rate.total_steps=5", "--storage", f"s3://{bucket}/finetune", "--json",
-                    cwd=tmp_path, env=env, timeout=400)
-    assert tuned.returncode == 0, tuned.stderr[-3000:]
-    out = json.loads(tuned.stdout)
-    assert out["source"] == {"spec": f"checkpoint:{best}", "checkpoint": best, "run_id": None}
-    assert out["steps"] == 5 and out["warm_start"]["fresh"] == [] and out["warm_start"]["step"] == 0
-    assert out["checkpoint"].startswith(f"s3://{bucket}/finetune/")  # its own results in the bucket too
-    from mlflow import MlflowClient
-
-    run = MlflowClient(out["mlflow"]["tracking_uri"]).get_run(out["mlflow"]["run_id"])
-    params = run.data.params
-    assert (params["train.num_steps"], params["train.eval_every"], params["optimizer.learning_rate.total_steps"]) == (
-        "5", "5", "5")
-    assert params["model.backbone"] == "resnet_tiny" and params["data.train.format"] == "coco"  # the checkpoint's own
-    assert "mlflow.parentRunId" not in run.data.tags and run.info.status == "FINISHED"
-    missing = run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
-                      timeout=120)
-    assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
-                                                       f"s3://{bucket}/ray/nothing is not a detsweep checkpoint (expected "
-                                                       "config.yaml and ckpt.index in it)\n")
-
 
 @pytest.mark.timeout(900)
 def test_a_sweep_in_a_bucket_interrupted_is_resumed_from_the_bucket_alone(s3, tmp_path):

@@ -26,7 +26,7 @@ from .mlflow_checks import (
     head_commands,
     secret_values,
 )
-from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
+from .tiny_sweeps import launch_json, lr_of, shapes_in_bucket, tiny_sweep
 
 LR_PATH = "optimizer.learning_rate.learning_rate_base"
 
@@ -34,8 +34,9 @@ LR_PATH = "optimizer.learning_rate.learning_rate_base"
 class TwoNodes:
     """A head and a second raylet, one CPU each, started as README says for a cluster started by
     hand: each raylet with the cluster's tracking server, the certificate to trust and
-    detsweep's user (read from the trials' file) in its environment. ``stop`` takes both down
-    and ``start`` brings up new ones."""
+    detsweep's user (read from the trials' file) in its environment, and the S3 server's
+    address, as a cloud's nodes reach their region's S3. ``stop`` takes both down and
+    ``start`` brings up new ones."""
 
     def __init__(self, node_env: dict[str, str]):
         self.node_env = node_env
@@ -72,7 +73,7 @@ def cluster(tracking_stack) -> Iterator[TwoNodes]:
     from detsweep.tracking.credentials import trial_credentials
 
     nodes = TwoNodes({**trial_credentials(tracking_stack.folder / "head" / "mlflow.env"),
-                      "MLFLOW_TRACKING_SERVER_CERT_PATH": str(tracking_stack.authority)})
+                      "MLFLOW_TRACKING_SERVER_CERT_PATH": str(tracking_stack.authority), **tracking_stack.s3.env})
     try:
         yield nodes
     finally:
@@ -280,21 +281,32 @@ def assert_in_no_file(paths: list[Path], hidden: list[str]) -> None:
     assert not [(path, value) for path in files for value in hidden if value.encode() in path.read_bytes()]
 
 
-def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoint(cluster, tmp_path):
-    """Ranked by the learning rate itself, the 0.03 trial is on top at step 20 and the 0.001
-    trial copies it there: its weights (their fingerprint, logged where a run continues from a
-    checkpoint), its config, a new EMA decay. Synchronous PBT makes
-    that certain: whichever trial gets to step 20 first waits for the other, so both have a
-    score when the exploit is decided. The next perturbation (step 40) is past the end."""
+@pytest.mark.timeout(900)
+def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_better_trials_checkpoint_there(
+        cluster, tracking_stack, tmp_path):
+    """Submitted as a Ray job, a PBT sweep trains on a dataset that exists only in a bucket and
+    keeps Tune's state and every checkpoint there. Ranked by the learning rate itself, the
+    0.03 trial is on top at step 20 and the 0.001 trial copies it there: its weights (their
+    fingerprint, logged where a run continues from a checkpoint), its config, a new EMA decay.
+    Synchronous PBT makes that certain: whichever trial gets to step 20 first waits for the
+    other, so both have a score when the exploit is decided. The next perturbation (step 40)
+    is past the end. The best checkpoint is a bucket URI that ``status``, registration and
+    ``finetune CONFIG.yaml --from checkpoint:`` read (``export`` reads it by the same code,
+    ``source.local_copy``), and no Ray Train run is left beside the sweep."""
     from mlflow import MlflowClient
 
     from detsweep.checkpoints import read_step
     from detsweep.config.schema import LearningRateConfig
     from detsweep.optim import build_schedule
+    from detsweep.tracking.source import local_copy
     from detsweep.train.checkpoint import weights_fingerprint
     from detsweep.train.restore import load_trained_model
     from detsweep.trainables.trial import swept_values
 
+    s3 = tracking_stack.s3
+    bucket = s3.new_bucket("by-job")
+    data = shapes_in_bucket(s3, tmp_path, bucket)
+    dataset = f"{{format: coco, annotations: {data}/annotations.json, images: {data}/images}}"
     sweep = tiny_sweep(tmp_path, f"""
   metric: train/lr
   mode: max
@@ -309,28 +321,36 @@ def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoi
     synch: true
     mutations:
       optimizer.moving_average_decay: {{values: [0.99, 0.995, 0.999]}}
-""", num_steps=30, every=10, name="by_job")
+""", num_steps=30, every=10, name="by_job", storage=f"s3://{bucket}/ray", data=f"{{train: {dataset}, val: {dataset}}}")
     seen = watch_train_worker_nodes()
-    job_db = f"sqlite:///{tmp_path / 'job.db'}"
+    job_db, cache = f"sqlite:///{tmp_path / 'job.db'}", tmp_path / "node-cache"
     job = run_bounded(
         [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", cluster.dashboard,
-         "--runtime-env-json", json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": job_db}}),
-         "--", sys.executable, "-m", "detsweep", "launch", str(sweep), "--address", "auto", "--json", "--no-register"],
+         "--runtime-env-json", json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": job_db, "DETSWEEP_DATA_CACHE": str(cache)}}),
+         "--", sys.executable, "-m", "detsweep", "launch", str(sweep), "--address", "auto", "--json"],
         cwd=REPO)
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
     [report] = [json.loads(line) for line in job.stdout.splitlines() if line.startswith('{"name"')]
+    assert report["path"] == f"s3://{bucket}/ray/by_job"
     assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
+    assert all(t["metrics"]["step"] == 30 and t["checkpoint"].startswith(f"{report['path']}/trial_")
+               for t in report["trials"])
     assert report["mlflow"]["tracking_uri"] == job_db and (tmp_path / "job.db").exists()
     assert seen.stop() == cluster.nodes
+    assert "16 images" in job.stdout and (cache / "s3" / bucket / "datasets" / "shapes" / "images").is_dir()
+    status = run_cli("status", report["path"], "--json", cwd=tmp_path, env=s3.env, timeout=120)
+    assert status.returncode == 0 and json.loads(status.stdout)["best"]["checkpoint"] == report["best"]["checkpoint"]
+    assert {key.split("/")[1] for key in s3.keys(bucket, "ray/")} - {""} == {"by_job"}, "a Ray Train run was left in the storage"
 
-    experiment = Path(report["path"])
-    assert (experiment / "pbt_global.txt").read_text().strip(), "PBT never exploited"
+    assert s3.read(f"{report['path']}/pbt_global.txt").strip(), "PBT never exploited"
     # The exploiting trial kept its MLflow run; the swept values it took are metrics over steps.
-    children = check_mlflow_runs(report, num_steps=30, every=10, pbt=True, registered=False)
+    # The registered model reads its val images from the bucket.
+    with mock.patch.dict(os.environ, s3.env):
+        children = check_mlflow_runs(report, num_steps=30, every=10, pbt=True)
     # The exploiting trial is the one that started at 0.001: its run's params keep first values.
     # (Tune's result.json of that trial once held only the rows after the exploit.)
     [exploiting_id] = [trial_id for trial_id, run in children.items() if run.data.params[LR_PATH] == "0.001"]
-    rows = results_of(experiment)[exploiting_id]
+    rows = [json.loads(line) for line in s3.read(f"{report['path']}/trial_{exploiting_id}/result.json").splitlines()]
     assert swept_values(rows[-1]["config"], [LR_PATH])[LR_PATH] == 0.03  # it took the better trial's config
     # Its MLflow run has every report: 0.001's schedule up to the exploit at step 20, then,
     # from the donor's step-20 checkpoint (never from step 0), 0.03's schedule to num_steps.
@@ -346,12 +366,39 @@ def test_a_pbt_sweep_by_ray_job_submit_continues_from_the_better_trials_checkpoi
     assert [m.value for m in sorted(history, key=lambda m: m.step)][-1] == pytest.approx(0.03)
     # and the donor's weights: what its worker restored is what the donor's step-20 checkpoint holds
     [donor_id] = set(children) - {exploiting_id}
-    [donor_checkpoint] = [path for path in experiment.glob(f"trial_{donor_id}/checkpoint_*") if read_step(path) == 20]
     restored = {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
                 for key in ("restore/step", "restore/weights_l1")}
-    assert restored == {"restore/step": [(30, 20)],
-                        "restore/weights_l1": [(30, pytest.approx(weights_fingerprint(load_trained_model(donor_checkpoint).model),
-                                                                  rel=1e-12))]}, restored
+    with mock.patch.dict(os.environ, s3.env):
+        [donor_20] = [meta.removesuffix("/meta.json") for meta in s3.keys(bucket, f"ray/by_job/trial_{donor_id}/")
+                      if meta.endswith("/meta.json") and json.loads(s3.read(f"s3://{bucket}/{meta}"))["step"] == 20]
+        with local_copy(f"s3://{bucket}/{donor_20}", job_db) as donor_checkpoint:
+            assert read_step(donor_checkpoint) == 20
+            donor_l1 = weights_fingerprint(load_trained_model(donor_checkpoint).model)
+    assert restored == {"restore/step": [(30, 20)], "restore/weights_l1": [(30, pytest.approx(donor_l1, rel=1e-12))]}, restored
+
+    # a positional CONFIG.yaml: what it sets is merged over the checkpoint's own config, then --set
+    best = report["best"]["checkpoint"]
+    shorter = tmp_path / "shorter.yaml"
+    shorter.write_text("train: {num_steps: 5, steps_per_loop: 5, eval_every: 5, checkpoint_every: 5}\n")
+    tuned = run_cli("finetune", str(shorter), "--from", f"checkpoint:{best}", "--set",
+                    "optimizer.learning_rate.total_steps=5", "--storage", f"s3://{bucket}/finetune", "--json",
+                    cwd=tmp_path, env={**s3.env, "DETSWEEP_DATA_CACHE": str(cache)}, timeout=400)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    out = json.loads(tuned.stdout)
+    assert out["source"] == {"spec": f"checkpoint:{best}", "checkpoint": best, "run_id": None}
+    assert out["steps"] == 5 and out["warm_start"]["fresh"] == [] and out["warm_start"]["step"] == 0
+    assert out["checkpoint"].startswith(f"s3://{bucket}/finetune/")  # its own results in the bucket too
+    run = MlflowClient(out["mlflow"]["tracking_uri"]).get_run(out["mlflow"]["run_id"])
+    params = run.data.params
+    assert (params["train.num_steps"], params["train.eval_every"], params["optimizer.learning_rate.total_steps"]) == (
+        "5", "5", "5")
+    assert params["model.backbone"] == "resnet_tiny" and params["data.train.format"] == "coco"  # the checkpoint's own
+    assert "mlflow.parentRunId" not in run.data.tags and run.info.status == "FINISHED"
+    missing = run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
+                      timeout=120)
+    assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
+                                                       f"s3://{bucket}/ray/nothing is not a detsweep checkpoint (expected "
+                                                       "config.yaml and ckpt.index in it)\n")
 
 
 class watch_train_worker_nodes:

@@ -4,6 +4,7 @@ cluster's, the fine-tuning sweep's), and what they read back."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,13 +15,14 @@ QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 def tiny_sweep(tmp_path: Path, search: str, num_steps: int = 20, every: int = 5, name: str = "tiny",
                scaling: str = "{}", data: str = "{train: {num_images: 16}, val: {num_images: 8}}",
-               loop: int | None = None) -> Path:
+               loop: int | None = None, storage: str | None = None) -> Path:
     """A sweep file of tiny quickstart trials, evaluated and checkpointed ``every`` steps, a
-    report every ``loop`` steps (default: ``every``), its results kept under ``tmp_path/ray``."""
+    report every ``loop`` steps (default: ``every``), its results kept under ``storage``
+    (default: ``tmp_path/ray``)."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"""
 name: {name}
-storage: {tmp_path / "ray"}
+storage: {storage or tmp_path / "ray"}
 base:
   from: {QUICKSTART}
   data: {data}
@@ -52,3 +54,14 @@ def launch_json(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tup
 
 def lr_of(trial: dict) -> float:
     return trial["config"]["optimizer.learning_rate.learning_rate_base"]
+
+
+def shapes_in_bucket(s3, tmp_path: Path, bucket: str) -> str:
+    """A synthetic COCO dataset that exists only in the bucket; its prefix's URI."""
+    shapes = tmp_path / "shapes"
+    made = run_cli("data", "synth", "--out", str(shapes), "--num-images", "16", "--image-size", "128",
+                   "--classes", "3", "--seed", "1", timeout=120)
+    assert made.returncode == 0, made.stderr
+    uri = s3.upload(shapes, bucket, "datasets/shapes")
+    shutil.rmtree(shapes)
+    return uri
