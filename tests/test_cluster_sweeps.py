@@ -1,7 +1,8 @@
 """Sweeps on the cluster we ship, with the real parts on loopback: Ray's own autoscaler
 starting worker nodes from zero (the ``fake_multinode`` provider: real raylets), and results
-and data in an S3 bucket (moto's server). The autoscaling cluster is started once for this
-module, the S3 server once for the run (``conftest.s3``)."""
+and data in an S3 bucket (moto's server). Each autoscaling test gets a cluster of its own;
+the S3 server is started once for the run (``conftest.s3``). A PBT sweep on data in a bucket
+runs on the two-node cluster (``test_two_node_cluster.py``)."""
 
 from __future__ import annotations
 
