@@ -10,7 +10,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test bench bench-smoke tcmalloc clean
 
-# The quickstart sweep: 4 trials on synthetic shapes, ASHA, about 10 minutes on 2 cores.
+# The quickstart sweep: 4 trials on synthetic shapes, synchronous halving, about 4.5 minutes
+# on 2 cores (sweeps/quickstart.yaml says what was measured).
 demo: $(INSTALLED) tcmalloc
 	$(BIN)/detsweep launch sweeps/quickstart.yaml --set storage=$(CURDIR)/demo-out/ray/$(shell date +%Y%m%d-%H%M%S)
 
@@ -29,8 +30,8 @@ bench: $(INSTALLED) tcmalloc
 bench-smoke: $(INSTALLED) tcmalloc
 	$(BIN)/python -m bench.run_all --smoke --out $(CURDIR)/demo-out/bench-smoke.json
 
-# Ray's training workers run with tcmalloc when the machine has it: twice the CPU throughput
-# of glibc's malloc for TensorFlow here (bench/RESULTS.md). Without it they still run.
+# Ray's training workers run with tcmalloc when the machine has it (detsweep/cluster.py says
+# what it was measured to give). Without it they still run.
 tcmalloc:
 	@ldconfig -p | grep -q libtcmalloc_minimal.so.4 || { $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libtcmalloc-minimal4; }

@@ -12,9 +12,10 @@ from pathlib import Path
 from detsweep.errors import DetsweepError
 
 # TensorFlow's CPU kernels allocate and free large buffers at every step; glibc's malloc hands
-# them back to the kernel and faults them in again. tcmalloc keeps them: the quickstart trains
-# 3-6 % faster with it, and more than twice as fast where TensorFlow copies tensors at every
-# step (bench/RESULTS.md).
+# them back to the kernel and faults them in again. tcmalloc keeps them: it more than doubled
+# the quickstart's speed when TensorFlow copied tensors at every step (a OneDeviceStrategy on
+# the CPU); on today's path the recorded runs show no difference beyond their noise
+# (bench/results.json: train_step). It stays for the ops that leave the fast path.
 TCMALLOC = "libtcmalloc_minimal.so.4"
 # Where Ray keeps a run's results and checkpoints when it is given no storage path.
 RAY_RESULTS = "~/ray_results"
