@@ -36,6 +36,15 @@ def test_import_reports_what_it_could_not_carry():
     assert any("fine_tune_checkpoint" in line for line in imported.notes)
 
 
+def test_use_bfloat16_is_for_tpus_only_as_in_the_od_api():
+    """model_lib_v2 sets the mixed_bfloat16 policy only when ``--use_tpu`` is given too, and a
+    pipeline.config cannot say that: the import keeps float32 and says how to ask for it."""
+    imported = import_pipeline(RACCOON_PIPELINE.read_text().replace("train_config: {", "train_config: {\n  use_bfloat16: true"))
+    assert "mixed_precision" not in imported.tree.get("train", {})
+    [line] = [line for line in imported.not_carried if "use_bfloat16" in line]
+    assert "TPUs only" in line and "mixed_bfloat16" in line
+
+
 def test_import_odapi_command_writes_a_yaml_that_loads_back(tmp_path):
     out = tmp_path / "raccoon.yaml"
     result = run_cli("import-odapi", str(RACCOON_PIPELINE), "-o", str(out))

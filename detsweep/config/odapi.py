@@ -218,8 +218,10 @@ def _carry_train_config(train: message.Message, imported: Imported) -> None:
         imported.not_carried.append("train_config.num_steps is 0 (train forever): detsweep's default num_steps is used")
     if train.gradient_clipping_by_norm:
         section["gradient_clipping_by_norm"] = _clean(train.gradient_clipping_by_norm)
-    if train.use_bfloat16:
-        section["mixed_precision"] = "mixed_bfloat16"
+    if train.use_bfloat16:  # model_lib_v2: `use_bfloat16 and use_tpu`, a flag the file does not hold
+        imported.not_carried.append(
+            "train_config.use_bfloat16: the OD API trains in bfloat16 on TPUs only (its --use_tpu); detsweep "
+            "keeps float32: with scaling.use_tpu, set train.mixed_precision: mixed_bfloat16")
     if train.fine_tune_checkpoint:
         imported.notes.append(f"fine_tune_checkpoint: {train.fine_tune_checkpoint} "
                               "(kept as a note: use `detsweep finetune --from checkpoint:PATH` to start from it)")
