@@ -179,15 +179,21 @@ def train_command(args: argparse.Namespace) -> int:
     import time
 
     from detsweep.config import load_trial_config
+    from detsweep.sweeps.resources import check_worker_fits, cluster_capacity, this_machine
     from detsweep.trainables.trainer import check_inputs, run_train
 
     config = load_trial_config(args.config, args.overrides)
+    where = f"{args.config}: scaling"
+    joins = bool(args.address or os.environ.get("RAY_ADDRESS"))
+    if not joins:  # a local cluster: what it will hold is known before it starts
+        check_worker_fits(config.scaling, this_machine(), where)
     out = console.take_over(args.json, args.verbose)  # with --json, the progress lines go to stderr
     summaries, _ = check_inputs(config, args.config)
     for line in summaries:
         print(line, file=console.err())
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    outcome = run_train(config, name, address=args.address, storage_path=args.storage)
+    outcome = run_train(config, name, address=args.address, storage_path=args.storage, check_cluster=lambda: (
+        check_worker_fits(config.scaling, cluster_capacity()[0], where) if joins else None))
     if outcome.error:
         print(f"detsweep: training failed: {outcome.error}", file=console.err())
         return 1

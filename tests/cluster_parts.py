@@ -208,31 +208,40 @@ def autoscaling_cluster(folder: Path, env: dict[str, str]) -> Iterator[Autoscali
     """``ray start --head --num-cpus=0 --autoscaling-config=…`` with the fake provider; every
     process it starts, the nodes its autoscaler adds included, is in the command's session and
     stopped with it at the end (``ray stop`` would stop every Ray cluster on the machine)."""
-    port, dashboard_port = free_port(), free_port()
+    port = free_port()
     config = folder / "cluster.yaml"
     config.write_text(yaml.safe_dump(fake_cluster_config(port)))
     # The autoscaler looks every 3 s: a node is seen to be missing a few seconds before it is added.
-    head_env = {**os.environ, **env, **AUTH, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "3"}
-    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=0", f"--port={port}",
-                             "--node-ip-address=127.0.0.1", f"--autoscaling-config={config}",
-                             f"--dashboard-port={dashboard_port}"],
-                            env=head_env, stdout=(folder / "head.log").open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    address = f"127.0.0.1:{port}"
+    with ray_start_head(folder, port, ["--num-cpus=0", f"--autoscaling-config={config}"],
+                        {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "3"}) as dashboard:
+        yield AutoscalingCluster(f"127.0.0.1:{port}", config, dashboard)
+
+
+@contextlib.contextmanager
+def ray_start_head(folder: Path, port: int, flags: list[str], env: dict[str, str]) -> Iterator[str]:
+    """``ray start --head --block`` on ``port`` with ``flags``, in a session of its own that is
+    killed at the end; yields its dashboard's address once its State API answers."""
+    dashboard_port = free_port()
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", f"--port={port}",
+                             "--node-ip-address=127.0.0.1", f"--dashboard-port={dashboard_port}", *flags],
+                            env={**os.environ, **env, **AUTH}, stdout=(folder / "head.log").open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    dashboard = f"http://127.0.0.1:{dashboard_port}"
     try:
-        _wait_for(lambda: head.poll() is None and _gcs_up(port), 120, "the autoscaling cluster's head")
-        cluster = AutoscalingCluster(address, config, f"http://127.0.0.1:{dashboard_port}")
-        _wait_for(lambda: _answers_state(cluster), 120, "the autoscaling cluster's State API")
-        yield cluster
+        _wait_for(lambda: head.poll() is None and _gcs_up(port), 120, "the cluster's head")
+        _wait_for(lambda: _answers_state(dashboard), 120, "the cluster's State API")
+        yield dashboard
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)
         head.wait()
 
 
-def _answers_state(cluster: AutoscalingCluster) -> bool:
+def _answers_state(dashboard: str) -> bool:
+    from ray.util.state import list_nodes
+
     try:
-        return len(cluster.alive_nodes()) == 1
+        return len(list_nodes(address=dashboard, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)) == 1
     except Exception:  # the dashboard that serves it is still starting
         return False
 

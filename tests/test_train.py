@@ -313,6 +313,7 @@ def test_an_async_evaluation_that_fails_puts_its_reason_on_the_runs_queue(tmp_pa
 
     import ray.train
 
+    from detsweep.config import ScalingConfig
     from detsweep.trainables.channel import EvaluationFailed
     from detsweep.trainables.evaluator import evaluate_reported
 
@@ -320,7 +321,7 @@ def test_an_async_evaluation_that_fails_puts_its_reason_on_the_runs_queue(tmp_pa
     reports = queue.Queue()
     with pytest.raises(Exception, match="not a detsweep checkpoint"):
         evaluate_reported(ray.train.Checkpoint.from_directory(str(tmp_path)), reports=reports, settled=None,
-                          pictures=False, cpus=1)
+                          pictures=False, scaling=ScalingConfig())
     failed = reports.get_nowait()
     assert isinstance(failed, EvaluationFailed) and failed.step == 40
     assert failed.reason == f"{tmp_path} is not a detsweep checkpoint (expected config.yaml and ckpt.index in it)"

@@ -236,6 +236,8 @@ class ModelConfig(Section):
     max_level: Annotated[int, Field(ge=3, le=7)] = 7
     anchor_size: Annotated[float, Field(gt=0)] = Field(4.0, description="anchor side in units of its level's stride")
     head_conv_layers: Annotated[int, Field(ge=0, le=4)] = Field(4, description="conv layers before each head")
+    use_sync_bn: bool = Field(False, description="batch norm's batch statistics over the global batch, every "
+                                                 "replica's images (Model Garden's use_sync_bn)")
     classification_weight: NonNegFloat = Field(1.0, description="the OD API's loss.classification_weight")
     localization_weight: NonNegFloat = Field(1.0, description="the OD API's loss.localization_weight")
     score_threshold: Probability = Field(0.05, description="detections below are dropped (COCO convention)")
@@ -303,7 +305,16 @@ class ScalingConfig(Section):
     def _one_accelerator(self) -> ScalingConfig:
         if self.use_gpu and self.use_tpu:
             raise invalid("use_tpu", True, "false when use_gpu is true (one accelerator kind per trial)")
+        if self.use_gpu and self.gpus_per_worker > 1 and not self.gpus_per_worker.is_integer():
+            raise invalid("gpus_per_worker", self.gpus_per_worker, "a fraction of one GPU, or whole GPUs")
         return self
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas in step: each worker trains one per GPU it holds (one on its CPU, or on
+        a shared fraction of a GPU)."""
+        per_worker = int(self.gpus_per_worker) if self.use_gpu and self.gpus_per_worker >= 1 else 1
+        return self.num_workers * per_worker
 
 
 class TrackingConfig(Section):
@@ -328,11 +339,10 @@ class TrialConfig(Section):
     tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")
-    def _batch_splits_across_workers(self) -> TrialConfig:
-        if self.train.batch_size % self.scaling.num_workers:
-            raise invalid(
-                "train.batch_size",
-                self.train.batch_size,
-                f"a multiple of scaling.num_workers ({self.scaling.num_workers})",
-            )
+    def _batch_splits_across_replicas(self) -> TrialConfig:
+        scaling = self.scaling
+        if self.train.batch_size % scaling.replicas:
+            across = (f"scaling.num_workers ({scaling.num_workers})" if scaling.replicas == scaling.num_workers else
+                      f"the replicas, {scaling.num_workers} worker(s) x {scaling.replicas // scaling.num_workers} GPUs each")
+            raise invalid("train.batch_size", self.train.batch_size, f"a multiple of {across}")
         return self

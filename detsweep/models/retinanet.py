@@ -7,6 +7,8 @@ TensorFlow's own function do keras-hub's NMS (see :class:`TensorFlowNonMaxSuppre
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import keras
 import keras_hub
 import tensorflow as tf
@@ -39,6 +41,8 @@ def build_retinanet(config: ModelConfig, num_classes: int) -> keras_hub.models.R
         anchor_generator=anchors,
         pre_logits_num_conv_layers=config.head_conv_layers,
     )
+    if config.use_sync_bn:
+        synchronize_batch_norm(detector)
     detector.prediction_decoder = TensorFlowNonMaxSuppression(
         bounding_box_format="yxyx",
         from_logits=True,
@@ -47,6 +51,20 @@ def build_retinanet(config: ModelConfig, num_classes: int) -> keras_hub.models.R
         max_detections=config.max_detections,
     )
     return detector
+
+
+def synchronize_batch_norm(model: keras.Model) -> None:
+    """Every batch norm layer of ``model`` takes its batch statistics over all replicas (Keras's
+    ``synchronized``, read at each call): with several replicas, one device's statistics on
+    the global batch. keras-hub builds its layers without the option."""
+    for layer in _all_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.synchronized = True
+
+
+def _all_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    nested = getattr(layer, "layers", [])
+    return [layer, *(inner for child in nested for inner in _all_layers(child))]
 
 
 @keras.saving.register_keras_serializable(package="detsweep")
@@ -91,9 +109,9 @@ class RetinaNetLosses:
 
     ``RetinaNetObjectDetector.compute_loss`` returns only the sum; a sweep wants both terms.
     The targets come from the detector's own label encoder; the losses are Keras losses with
-    ``reduction="sum"``, normalised by the batch's positive anchors. They are one batch's
-    loss: under ``tf.distribute`` the train step divides each replica's by the replica count
-    (Keras does not for a ``"sum"`` reduction).
+    ``reduction="sum"``, normalised by the batch's positive anchors: a replica's under
+    ``tf.distribute``, by the global batch's (``summed``), so that the replicas' terms add up
+    to one device's loss on the global batch.
     """
 
     def __init__(self, detector: keras_hub.models.RetinaNetObjectDetector, config: ModelConfig):
@@ -103,8 +121,11 @@ class RetinaNetLosses:
         self.classification_loss = keras.losses.BinaryFocalCrossentropy(from_logits=True, reduction="sum")
 
     def __call__(self, images: tf.Tensor, targets: dict, predictions: dict,
-                 image_weights: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
-        """``image_weights`` ``[batch]``: 0 leaves an image out (the evaluator's filler copies)."""
+                 image_weights: tf.Tensor | None = None,
+                 summed: Callable[[tf.Tensor], tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
+        """``image_weights`` ``[batch]``: 0 leaves an image out (the evaluator's filler copies).
+        ``summed``: the batch's positive anchors counted over the global batch (an all-reduce),
+        which makes these terms this shard's part of the global batch's loss."""
         detector = self.detector
         box_targets, class_targets = detector.label_encoder(
             images=images, gt_boxes=targets["boxes"], gt_classes=targets["labels"]
@@ -112,7 +133,8 @@ class RetinaNetLosses:
         # As in keras-hub: -1 marks background anchors, -2 ignored ones (IoU between thresholds).
         counted = 1.0 if image_weights is None else ops.cast(image_weights, "float32")[:, None]
         positives = ops.cast(ops.greater(class_targets, -1.0), "float32") * counted
-        normaliser = ops.maximum(ops.sum(positives), 1.0)
+        counts = ops.sum(positives)
+        normaliser = ops.maximum(ops.stop_gradient(summed(counts)) if summed else counts, 1.0)
         class_weights = ops.cast(ops.not_equal(class_targets, -2.0), "float32") * counted / normaliser
         one_hot = ops.one_hot(ops.cast(class_targets, "int32"), detector.num_classes, dtype="float32")
         box = self.box_loss(box_targets, ops.cast(predictions["bbox_regression"], "float32"),

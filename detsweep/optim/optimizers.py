@@ -18,9 +18,10 @@ def build_optimizer(
 
     Clipping by global norm is done by the optimizer (``global_clipnorm``), which under
     loss scaling happens after the gradients are unscaled, as it must. Under ``tf.distribute``
-    Keras clips each replica's gradients before it sums them over the ``replicas``: each is
-    clipped to ``clip_norm / replicas``, so the summed update never exceeds ``clip_norm`` and
-    equals one device's when the replicas' gradients agree, whatever the replica count.
+    Keras clips what each replica hands it before it sums over the ``replicas``; the train
+    step hands every replica the same gradient, the global batch's mean (``train.step``), so
+    clipping each to ``clip_norm / replicas`` clips their sum by its global norm to
+    ``clip_norm``, as one device would.
     """
     common = {"learning_rate": schedule or build_schedule(config.learning_rate)}
     if clip_norm > 0:

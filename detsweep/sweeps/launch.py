@@ -25,7 +25,15 @@ from .experiment import (
     storage_path,
     stored_run_link,
 )
-from .resources import Capacity, check_fits, cluster_capacity, from_cluster_config, nodes_alive, trials_at_once
+from .resources import (
+    Capacity,
+    check_fits,
+    cluster_capacity,
+    from_cluster_config,
+    nodes_alive,
+    this_machine,
+    trials_at_once,
+)
 from .spec import Sweep, grid_of, trial_count
 
 
@@ -130,6 +138,8 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     check_storage(sweep.storage, f"{sweep.path}: storage")
     check_new_sweep(sweep)
     given = configured(sweep, cluster_config)
+    if given is None and not (address or os.environ.get("RAY_ADDRESS")):  # a local cluster: refused before it starts
+        check_fits(sweep, this_machine())
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
     summaries, _ = check_inputs(sweep.base, str(sweep.path))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from detsweep.config import ScalingConfig
 from detsweep.errors import DetsweepError
 
 from .spec import Sweep
@@ -30,6 +31,7 @@ TRIAL_DRIVER = {"CPU": 0, "memory": 64 * 1024**2, "node:__internal_head__": 0.00
 # Where ``ray up`` leaves the cluster config on the head: the one its autoscaler runs on.
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 ALIVE = "the nodes alive"
+THIS_MACHINE = "this machine"  # a local cluster's, before it starts
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,9 @@ class Capacity:
         return self.max_workers is not None
 
 
-def worker_request(sweep: Sweep) -> dict[str, float]:
+def worker_request(sweep: Sweep | ScalingConfig) -> dict[str, float]:
     """One Ray Train worker's resources, as ``trainables.trainer.ray_scaling`` asks for them."""
-    scaling = sweep.base.scaling
+    scaling = sweep.base.scaling if isinstance(sweep, Sweep) else sweep
     request = {"CPU": float(scaling.cpus_per_worker)}
     if scaling.use_gpu:
         request["GPU"] = float(scaling.gpus_per_worker)
@@ -77,25 +79,33 @@ def slots(node: dict[str, float], request: dict[str, float]) -> int:
 
 def check_fits(sweep: Sweep, capacity: Capacity) -> None:
     """Every Ray Train worker must fit on some node type (a trial waits forever otherwise)."""
-    request = worker_request(sweep)
+    check_worker_fits(sweep.base.scaling, capacity, f"{sweep.path}: base.scaling")
+
+
+def check_worker_fits(scaling: ScalingConfig, capacity: Capacity, where: str) -> None:
+    """A worker of ``scaling`` fits some node type of ``capacity``; else one line naming the
+    field at ``where`` (``FILE: scaling``)."""
+    request = worker_request(scaling)
     if any(slots(kind.resources, request) for kind in capacity.types):
         return
     for name, field in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):
         largest = max((kind.resources.get(name, 0.0) for kind in capacity.types), default=0.0)
         if request.get(name, 0.0) > largest:
-            raise DetsweepError(f"{sweep.path}: base.scaling.{field}: found {request[name]:g}, "
+            raise DetsweepError(f"{where}.{field}: found {request[name]:g}, "
                                 f"expected <= {largest:g} (the most {name}s {_any_node(capacity)} has{_hint(capacity)})")
     shown = ", ".join(f"{name} {amount:g}" for name, amount in request.items())
-    raise DetsweepError(f"{sweep.path}: base.scaling: found a worker of {shown}, expected one that "
+    raise DetsweepError(f"{where}: found a worker of {shown}, expected one that "
                         f"{_any_node(capacity)} holds ({'; '.join(_described(kind) for kind in capacity.types)})")
 
 
 def _any_node(capacity: Capacity) -> str:
     return f"any node type in {capacity.source}" if capacity.autoscales else \
-        "any node alive" if capacity.source == ALIVE else "any node"
+        "any node alive" if capacity.source == ALIVE else THIS_MACHINE if capacity.source == THIS_MACHINE else "any node"
 
 
 def _hint(capacity: Capacity) -> str:
+    if capacity.source == THIS_MACHINE:
+        return "; a cluster's nodes: --address"
     return "; for the node types an autoscaler can add: --cluster-config FILE" if capacity.source == ALIVE else ""
 
 
@@ -127,7 +137,19 @@ def _described(kind: NodeType) -> str:
 
 
 def this_machine() -> Capacity:
-    return Capacity((NodeType("this machine", {"CPU": float(os.cpu_count() or 1), "GPU": 0.0}, 1),), "this machine")
+    """What a local cluster of this machine will hold, known before Ray starts."""
+    return Capacity((NodeType(THIS_MACHINE, {"CPU": float(os.cpu_count() or 1), "GPU": float(local_gpus())}, 1),),
+                    THIS_MACHINE)
+
+
+def local_gpus() -> int:
+    """The GPUs Ray will find here: the ones ``CUDA_VISIBLE_DEVICES`` lists when it is set (Ray
+    reads it too), else every GPU the NVIDIA driver has registered."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([device for device in visible.split(",") if device.strip() not in ("", "-1")])
+    registered = Path("/proc/driver/nvidia/gpus")
+    return len(list(registered.iterdir())) if registered.is_dir() else 0
 
 
 def nodes_alive() -> Capacity:

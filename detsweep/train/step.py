@@ -1,8 +1,8 @@
 """The distributed train step: ``steps_per_loop`` steps per ``tf.function`` call.
 
 Python runs once per loop. Inside, each step runs the forward and backward pass on every
-replica (``strategy.run``), the optimizer all-reduces, clips and applies the gradients,
-and the moving average follows. A non-finite loss stops the loop at that step, like the
+replica (``strategy.run``); the replicas sum their gradients, and the optimizer clips and
+applies the sum as one device would its own; the moving average follows. A non-finite loss stops the loop at that step, like the
 OD API's ``check_numerics``.
 """
 
@@ -31,17 +31,24 @@ def make_train_loop(
     replicas = strategy.num_replicas_in_sync
 
     def replica_step(images, targets):
+        context = tf.distribute.get_replica_context()
         with tf.GradientTape() as tape:
             predictions = model(images, training=True)
-            # Each replica's share of the global batch's loss: summed over replicas it is the
-            # mean, and the optimizer's summed gradients average over the global batch, as the
-            # OD API's (Keras scales only its "mean" reductions by the replica count, not "sum").
-            terms = {k: v / replicas for k, v in losses(images, targets, predictions).items()}
+            # This replica's part of one device's loss on the global batch: normalised by the
+            # global batch's positive anchors, so that the replicas' parts add up to it.
+            terms = losses(images, targets, predictions,
+                           summed=lambda count: context.all_reduce(tf.distribute.ReduceOp.SUM, count))
             loss = terms["box"] + terms["classification"]
-            if model.losses:  # weight decay written as layer regularisers
+            if model.losses:  # weight decay written as layer regularisers: one copy over all replicas
                 loss += tf.add_n(model.losses) / replicas
             scaled = optimizer.scale_loss(loss) if scales_loss else loss
         gradients = tape.gradient(scaled, model.trainable_variables)
+        if replicas > 1:
+            # Every replica hands the optimizer the same gradient, the global batch's mean, which
+            # Keras sums again: its clipping (by the global norm) and the loss scale's all-finite
+            # decision then see what one device would, the same on every replica and worker.
+            summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g in gradients if g is not None]))
+            gradients = [None if g is None else next(summed) / replicas for g in gradients]
         optimizer.apply(gradients, model.trainable_variables)
         return {"loss": loss, "box_loss": terms["box"], "classification_loss": terms["classification"]}
 

@@ -2,9 +2,47 @@
 
 from __future__ import annotations
 
+import enum
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import tensorflow as tf
 
 from detsweep.config import ScalingConfig
+from detsweep.errors import DetsweepError
+
+
+def use_worker_devices(scaling: ScalingConfig) -> None:
+    """What a worker or an evaluator of ``scaling`` does before any op: its thread pools sized
+    to the CPUs Ray gave it, and every GPU TensorFlow sees allocating as it goes, so that a
+    second TensorFlow process on the GPU (the async evaluator, a fractional
+    ``gpus_per_worker``) finds room. Asked for GPUs and seeing none (a CPU-only TensorFlow on
+    a GPU node, a driver missing), it refuses in one line: training on the CPU would be
+    silent and slow."""
+    use_worker_cpus(scaling.cpus_per_worker)
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # the runtime already runs (a second training in one process): keep its setting
+            pass
+    if scaling.use_gpu and not gpus:
+        raise NoGPUVisible(no_gpu_seen())
+
+
+class NoGPUVisible(DetsweepError):
+    """``scaling.use_gpu`` and TensorFlow sees no GPU in the worker: the same on every restart."""
+
+
+def no_gpu_seen() -> str:
+    devices = ", ".join(device.name.removeprefix("/physical_device:") for device in tf.config.list_physical_devices())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    build = "built with CUDA" if tf.test.is_built_with_cuda() else "a TensorFlow built without CUDA"
+    return (f"scaling.use_gpu: found true, but TensorFlow on {socket.gethostname()} sees no GPU (it sees {devices}; "
+            f"CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}; {build}); expected a node whose "
+            "TensorFlow sees its GPUs (pip install 'tensorflow[and-cuda]')")
 
 
 def use_worker_cpus(cpus: float) -> None:
@@ -18,24 +56,63 @@ def use_worker_cpus(cpus: float) -> None:
         pass
 
 
-def make_strategy(scaling: ScalingConfig) -> tf.distribute.Strategy:
-    """TPUStrategy with ``use_tpu``; MultiWorkerMirroredStrategy across several workers (Ray's
-    trainer sets TF_CONFIG); one GPU: OneDeviceStrategy on it; otherwise TensorFlow's
-    default strategy, so a single worker pays for no all-reduce and no device copies.
+class Kind(enum.Enum):
+    TPU = "TPUStrategy over the slice's cores"
+    MULTI_WORKER = "MultiWorkerMirroredStrategy over every device of every worker"
+    MIRRORED = "MirroredStrategy over this worker's GPUs"
+    ONE_GPU = "OneDeviceStrategy on this worker's GPU"
+    DEFAULT = "TensorFlow's default strategy (the CPU)"
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    """The strategy a worker builds, decided from its trial's scaling and the GPUs it sees."""
+
+    kind: Kind
+    devices: tuple[str, ...] = ()  # this worker's GPUs it trains on
+    collectives: str | None = None  # how replicas all-reduce: NCCL between GPUs, RING between CPUs
+
+
+def plan_strategy(scaling: ScalingConfig, gpus: Sequence[str]) -> StrategyPlan:
+    """Every accelerator a worker holds trains. Several workers: MultiWorkerMirroredStrategy,
+    which takes every GPU the worker sees (Ray sets ``CUDA_VISIBLE_DEVICES`` per worker), or
+    its CPU; one worker with several GPUs: MirroredStrategy over them; one GPU:
+    OneDeviceStrategy on it; otherwise TensorFlow's default strategy, so a single CPU worker
+    pays for no all-reduce and no device copies.
 
     On CPU, ``OneDeviceStrategy("/cpu:0")`` trains the quickstart model at 60 % of the default
     strategy's speed: its input iterator and per-step copies make TensorFlow allocate fresh
-    memory at every step (ten times the page faults; bench/RESULTS.md).
-
-    Must be called before any other TensorFlow op in the process (a TF requirement for
-    multi-worker strategies).
-    """
+    memory at every step (ten times the page faults; bench/RESULTS.md)."""
     if scaling.use_tpu:
+        return StrategyPlan(Kind.TPU)
+    if scaling.num_workers > 1:
+        return StrategyPlan(Kind.MULTI_WORKER, tuple(gpus), "NCCL" if gpus else "RING")
+    if len(gpus) > 1:
+        return StrategyPlan(Kind.MIRRORED, tuple(gpus), "NCCL")
+    if gpus:
+        return StrategyPlan(Kind.ONE_GPU, tuple(gpus))
+    return StrategyPlan(Kind.DEFAULT)
+
+
+def make_strategy(scaling: ScalingConfig) -> tf.distribute.Strategy:
+    """The strategy :func:`plan_strategy` plans for the GPUs TensorFlow sees here (TPU: the
+    slice's, from its resolver). Must be called before any other TensorFlow op in the process
+    (a TF requirement for multi-worker strategies)."""
+    # Physical devices, listed without starting TensorFlow's runtime (a multi-worker strategy
+    # must configure its collectives first); each GPU is one logical device of the same index.
+    gpus = [f"/device:GPU:{index}" for index, _ in enumerate(tf.config.list_physical_devices("GPU"))]
+    plan = plan_strategy(scaling, gpus)
+    if plan.kind is Kind.TPU:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
-    if scaling.num_workers > 1:
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    gpus = tf.config.list_logical_devices("GPU")
-    return tf.distribute.OneDeviceStrategy(gpus[0].name) if gpus else tf.distribute.get_strategy()
+    if plan.kind is Kind.MULTI_WORKER:
+        implementation = getattr(tf.distribute.experimental.CommunicationImplementation, plan.collectives)
+        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    if plan.kind is Kind.MIRRORED:
+        return tf.distribute.MirroredStrategy(list(plan.devices), cross_device_ops=tf.distribute.NcclAllReduce())
+    if plan.kind is Kind.ONE_GPU:
+        return tf.distribute.OneDeviceStrategy(plan.devices[0])
+    return tf.distribute.get_strategy()

@@ -37,22 +37,22 @@ def evaluation_task(scaling: ScalingConfig, reports: Queue, settled: Queue | Non
     if scaling.use_gpu:
         resources["num_gpus"] = scaling.gpus_per_worker
     evaluate = functools.partial(evaluate_reported, reports=reports, settled=settled, pictures=pictures,
-                                 cpus=scaling.cpus_per_worker)
+                                 scaling=scaling)
     return ValidationConfig(evaluate, ray_remote_kwargs=resources)
 
 
 def evaluate_reported(checkpoint: ray.train.Checkpoint, *, reports: Queue, settled: Queue | None, pictures: bool,
-                      cpus: float) -> dict:
+                      scaling: ScalingConfig) -> dict:
     """Score ``checkpoint`` (raw and moving-average weights) as rank 0 would have inline, put the
     metrics on the run's queue, and return once the run's owner has passed them on."""
     started = time.time()
     from detsweep.train.evaluate import evaluate_checkpoint  # TensorFlow loads in the task only
-    from detsweep.train.strategy import use_worker_cpus
+    from detsweep.train.strategy import use_worker_devices
 
-    use_worker_cpus(cpus)
     with checkpoint.as_directory() as directory:
         step = read_step(directory)
         try:
+            use_worker_devices(scaling)  # before TensorFlow's first op; a GPU it cannot see fails the run
             metrics = evaluate_checkpoint(directory, verify=False, picture=pictures)
         except Exception as error:
             reports.put(EvaluationFailed(step, failure_reason(error)))

@@ -210,11 +210,13 @@ class ConsoleNotes:
 
 
 def run_train(config: TrialConfig, name: str, address: str | None = None,
-              storage_path: str | None = None) -> TrainOutcome:
-    """One training through Ray Train, as ``detsweep train`` runs it."""
+              storage_path: str | None = None, check_cluster: Callable[[], None] = lambda: None) -> TrainOutcome:
+    """One training through Ray Train, as ``detsweep train`` runs it; ``check_cluster`` raises
+    once Ray is connected if the cluster cannot hold its workers (a wait that would never end)."""
     console.keep_log_in(run_folder(storage_path, name), "train.log")
     startup = StartupClock()
     connect(address)
+    check_cluster()
     startup.mark("ray")
     lines = ProgressLines(config.train.num_steps)
     last: dict = {"metrics": {}, "checkpoint": None}

@@ -87,6 +87,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     startup.mark("workers")
     from detsweep.train import (  # TensorFlow loads here only
         Milestone,
+        NoGPUVisible,
         TrainingDiverged,
         WorkerContext,
         run_training,
@@ -136,6 +137,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
         # loss is all-reduced), and the run ends with the reason.
         if sender:
             sender.send(TrainingFailed(str(diverged)))
+    except NoGPUVisible as missing:
+        # The same at every restart. A worker alone ends its run with the reason; one of several
+        # raises: another may be waiting for it at the strategy, and Ray Train ends the group.
+        if config.scaling.num_workers > 1 or not sender:
+            raise
+        sender.send(TrainingFailed(str(missing)))
     finally:
         if sender:  # a failed training's loops, too, reach the run before its error does
             sender.flush()
