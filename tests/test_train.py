@@ -289,7 +289,7 @@ def test_mixed_float16_trains_with_dynamic_loss_scaling(tmp_path):
 
     try:
         recorder = Recorder(tmp_path)
-        # float16 on a CPU is emulated: 2 images of 64 px (12 steps: 35 s here), not the quickstart's 8 of 128 px
+        # float16 on a CPU is emulated: 2 images of 64 px (12 steps: about 40 s here), not the quickstart's 8 of 128 px
         small = ["train.batch_size=2", *(f"{part}.image_size=64" for part in ("model", "data.train", "data.val"))]
         # Keras starts the scale at 2**15, where the first gradients overflow float16: the
         # first steps are skipped, each halving the scale, until one fits and is applied
