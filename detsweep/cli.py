@@ -192,8 +192,11 @@ def train_command(args: argparse.Namespace) -> int:
     for line in summaries:
         print(line, file=console.err())
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    outcome = run_train(config, name, address=args.address, storage_path=args.storage, check_cluster=lambda: (
-        check_worker_fits(config.scaling, cluster_capacity()[0], where) if joins else None))
+    def check_cluster() -> None:  # a cluster joined: what its nodes (or node types) hold, once connected
+        if joins:
+            check_worker_fits(config.scaling, cluster_capacity()[0], where)
+
+    outcome = run_train(config, name, address=args.address, storage_path=args.storage, check_cluster=check_cluster)
     if outcome.error:
         print(f"detsweep: training failed: {outcome.error}", file=console.err())
         return 1

@@ -19,7 +19,7 @@ import yaml
 from .cluster_parts import WORKER_TYPE, AutoscalingCluster, autoscaling_cluster
 from .conftest import REPO, foreign_lines, run_cli
 from .mlflow_checks import check_mlflow_runs
-from .tiny_sweeps import shapes_in_bucket
+from .tiny_sweeps import shapes_in_bucket, tiny_sweep
 
 COCO_GPU = REPO / "sweeps" / "coco_gpu.yaml"
 CLUSTER_FILE = REPO / "ray_cluster.yaml"
@@ -111,20 +111,7 @@ def autoscaling(tmp_path_factory, s3) -> Iterator[AutoscalingCluster]:
 def tiny_cluster_sweep(tmp_path: Path, name: str, search: str, storage: str | None = None,
                        data: str = "{train: {num_images: 16}, val: {num_images: 8}}", num_steps: int = 10,
                        every: int = 5, loop: int | None = None) -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(f"""
-name: {name}
-storage: {storage or tmp_path / "ray"}
-base:
-  from: {REPO / "configs" / "quickstart.yaml"}
-  data: {data}
-  train: {{num_steps: {num_steps}, steps_per_loop: {loop or every}, eval_every: {every}, checkpoint_every: {every}}}
-  optimizer:
-    learning_rate: {{total_steps: {num_steps}, warmup_steps: 2, warmup_learning_rate: 0.00001}}
-search:
-{search}
-""")
-    return path
+    return tiny_sweep(tmp_path, search, num_steps, every, name, data=data, loop=loop, storage=storage)
 
 
 def wait_until(condition, seconds: float, what: str) -> None:

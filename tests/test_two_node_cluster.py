@@ -327,7 +327,9 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
     job = run_bounded(
         [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", cluster.dashboard,
          "--runtime-env-json", json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": job_db, "DETSWEEP_DATA_CACHE": str(cache)}}),
-         "--", sys.executable, "-m", "detsweep", "launch", str(sweep), "--address", "auto", "--json"],
+         # in the test's folder: a sweep in a bucket keeps its log where its driver runs
+         "--", "sh", "-c", f'cd {tmp_path} && exec "$0" "$@"', sys.executable, "-m", "detsweep", "launch",
+         str(sweep), "--address", "auto", "--json"],
         cwd=REPO)
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
     [report] = [json.loads(line) for line in job.stdout.splitlines() if line.startswith('{"name"')]

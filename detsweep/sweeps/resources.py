@@ -56,9 +56,8 @@ class Capacity:
         return self.max_workers is not None
 
 
-def worker_request(sweep: Sweep | ScalingConfig) -> dict[str, float]:
+def worker_request(scaling: ScalingConfig) -> dict[str, float]:
     """One Ray Train worker's resources, as ``trainables.trainer.ray_scaling`` asks for them."""
-    scaling = sweep.base.scaling if isinstance(sweep, Sweep) else sweep
     request = {"CPU": float(scaling.cpus_per_worker)}
     if scaling.use_gpu:
         request["GPU"] = float(scaling.gpus_per_worker)
@@ -111,7 +110,7 @@ def _hint(capacity: Capacity) -> str:
 
 def trials_at_once(sweep: Sweep, capacity: Capacity) -> int:
     """How many trials the cluster fits side by side once grown to its most nodes."""
-    request = worker_request(sweep)
+    request = worker_request(sweep.base.scaling)
     per_node = sorted(((slots(kind.resources, request), kind.count, kind.head) for kind in capacity.types), reverse=True)
     workers, nodes_left = 0, capacity.max_workers
     for held, count, head in per_node:  # the config's bound on worker nodes spent on the types that hold most

@@ -2,8 +2,8 @@
 
 Python runs once per loop. Inside, each step runs the forward and backward pass on every
 replica (``strategy.run``); the replicas sum their gradients, and the optimizer clips and
-applies the sum as one device would its own; the moving average follows. A non-finite loss stops the loop at that step, like the
-OD API's ``check_numerics``.
+applies the sum as one device would its own; the moving average follows. A non-finite loss
+stops the loop at that step, like the OD API's ``check_numerics``.
 """
 
 from __future__ import annotations
