@@ -96,9 +96,11 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 def cli_environment(env: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a ``detsweep`` subprocess, with ``env`` added. Without a
-    tracking URI but the one ``env`` gives: ``mlflow.set_tracking_uri`` in this process (a
-    check, a module fixture's set-up) writes one into ``os.environ``."""
-    inherited = {name: value for name, value in os.environ.items() if name != "MLFLOW_TRACKING_URI"}
+    tracking URI or a Ray authentication mode but the ones ``env`` gives: ``mlflow.set_tracking_uri``
+    and a local ``ray.init`` in this process (a check, a module fixture's set-up) write them into
+    ``os.environ`` (Ray's "token", which a cluster started with another mode refuses)."""
+    written_here = {"MLFLOW_TRACKING_URI", "RAY_AUTH_MODE"}
+    inherited = {name: value for name, value in os.environ.items() if name not in written_here}
     return {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
 
 

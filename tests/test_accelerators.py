@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from .cluster_parts import free_port, ray_start_head
+from .cluster_parts import AUTH, free_port, ray_start_head
 from .conftest import REPO, run_cli
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -46,9 +46,11 @@ def test_a_worker_whose_tensorflow_sees_no_gpu_on_a_ray_start_num_gpus_cluster_f
     with ray_start_head(tmp_path, port, ["--num-cpus=1", "--num-gpus=1"], {}):
         result = run_cli("train", str(QUICKSTART), "--address", f"127.0.0.1:{port}", "--set", "scaling.use_gpu=true",
                          "--set", "train.num_steps=4", "--set", "data.val=null", "--storage", str(tmp_path / "ray"),
-                         cwd=tmp_path)
+                         cwd=tmp_path, env=AUTH)  # the cluster's mode, not one an earlier test's ray.init set
     assert result.returncode == 1, result.stderr[-3000:]
-    [failed] = [line for line in result.stderr.splitlines() if line.startswith("detsweep: training failed: ")]
+    failed = [line for line in result.stderr.splitlines() if line.startswith("detsweep: training failed: ")]
+    assert len(failed) == 1, result.stderr[-3000:]
+    [failed] = failed
     assert failed.startswith(f"detsweep: training failed: scaling.use_gpu: found true, but TensorFlow on {os.uname().nodename} "
                              "sees no GPU (it sees CPU:0; CUDA_VISIBLE_DEVICES='0'; "), failed
     assert failed.endswith("expected a node whose TensorFlow sees its GPUs (pip install 'tensorflow[and-cuda]')"), failed
