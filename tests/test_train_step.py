@@ -184,10 +184,12 @@ def test_two_replicas_with_different_images_step_as_one_device_on_the_same_globa
 
 
 OVERFLOW_SCRIPT = r"""
-import json, sys
+import json, os, sys
 import numpy as np, tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+workers = "TF_CONFIG" in os.environ  # a worker of two under MultiWorkerMirroredStrategy; else two logical devices
+if not workers:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras
 from detsweep.config import load_trial_config
 from detsweep.data import load_dataset
@@ -195,14 +197,17 @@ from detsweep.data.pipeline import training_dataset
 from detsweep.data.processing import InputSpec
 from detsweep.train.checkpoint import build_training_state
 from detsweep.train.step import make_train_loop
+from detsweep.train.strategy import make_strategy
 
 config = load_trial_config(sys.argv[1], sys.argv[2:])
+# detsweep's own multi-worker strategy (ring all-reduce on CPUs), made before any other op
+multi_worker = make_strategy(config.scaling.model_copy(update={"num_workers": 2})) if workers else None
 keras.mixed_precision.set_global_policy(config.train.mixed_precision)
 train_set = load_dataset(config.data.train, verify=False)
 batch = next(iter(training_dataset(train_set, InputSpec(config.model.image_size), config.data.augmentation, 4, seed=0)))
 found = {}
-for inject in (False, True):
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+for inject in (True,) if workers else (False, True):  # a process makes one multi-worker strategy
+    strategy = multi_worker or tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     keras.utils.set_random_seed(1)
     with strategy.scope():
         state, losses = build_training_state(config, 3)
@@ -219,7 +224,10 @@ for inject in (False, True):
 
     before = [w.numpy().copy() for w in state.model.trainable_weights]
     scale = float(state.optimizer.dynamic_scale.numpy())
-    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch).repeat()))
+    # each replica its own 2 images of the global 4 (a worker: by its index)
+    batches = iter(strategy.distribute_datasets_from_function(lambda context: tf.data.Dataset.from_tensors(
+        tf.nest.map_structure(lambda part: part[2 * context.input_pipeline_id:][:2], batch)).repeat())
+        if workers else strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch).repeat()))
     make_train_loop(strategy, state.model, overflowing, state.optimizer, None, state.step)(batches, tf.constant(1))
     copies = [strategy.experimental_local_results(w.value) for w in state.model.trainable_weights]
     found["injected" if inject else "control"] = {
@@ -231,25 +239,42 @@ print(json.dumps(found))
 """
 
 
-def test_mixed_float16_on_two_logical_devices_skips_the_step_on_both_when_the_second_replica_overflows():
-    """Two logical CPU devices stand in for two GPUs under ``mixed_float16``. The second
-    replica's loss is made too large for a float16 gradient, the first's is left as it is:
-    the loss scale's all-finite decision is taken on the summed gradients, so both replicas
-    skip the step (no weight moves, none becomes inf) and both halve the scale. Without the
-    injection the same step is applied (the first replica's gradients alone are finite)."""
+def test_mixed_float16_skips_the_step_everywhere_when_one_replica_overflows_two_logical_devices_and_two_cpu_workers():
+    """Two logical CPU devices stand in for two GPUs, and two CPU processes under
+    ``MultiWorkerMirroredStrategy`` for two nodes, under ``mixed_float16``. The second replica's
+    loss is made too large for a float16 gradient, the first's is left as it is: the loss
+    scale's all-finite decision is taken on the summed gradients, so every replica skips the
+    step (no weight moves, none becomes inf) and halves the scale; the two workers decide alike
+    and neither waits for the other in a collective the other skipped (a hang: the workers have
+    a hard time limit). Without the injection the same step is applied on both devices (the
+    first replica's gradients alone are finite)."""
     import json
     import sys
+    from concurrent.futures import ThreadPoolExecutor
 
-    from .conftest import run_bounded
+    from .cluster_parts import free_port
+    from .conftest import cli_environment, run_bounded
 
     overrides = ["model.image_size=64", "optimizer.use_moving_average=false", "train.mixed_precision=mixed_float16"]
-    result = run_bounded([sys.executable, "-c", OVERFLOW_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), *overrides],
-                         timeout=300, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.splitlines()[-1])
+    command = [sys.executable, "-c", OVERFLOW_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), *overrides]
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+
+    def run(index: int | None):
+        tf_config = {} if index is None else {"TF_CONFIG": json.dumps(
+            {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})}
+        return run_bounded(command, timeout=150, cwd=REPO, env=cli_environment(tf_config))  # 40 s here
+
+    with ThreadPoolExecutor(3) as pool:  # the devices' process beside the two workers
+        devices, *workers = pool.map(run, [None, 0, 1])
+    for result in (devices, *workers):
+        assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(devices.stdout.splitlines()[-1])
     control, injected = found["control"], found["injected"]
     assert control["moved"] == [True, True] and control["finite"], control
     scale = control["scale"][0]
     assert control["scale"][1] == [scale, scale], control
     assert injected["moved"] == [False, False] and injected["finite"], injected
     assert injected["scale"] == [scale, [scale / 2, scale / 2]], injected
+    for worker in workers:
+        alone = json.loads(worker.stdout.splitlines()[-1])["injected"]
+        assert alone == {"moved": [False], "finite": True, "scale": [scale, [scale / 2]]}, alone
