@@ -80,6 +80,13 @@ def test_schedule_and_optimizer_vary_independently(write):
         (MINIMAL, ["scaling.use_gpu=true", "scaling.gpus_per_worker=1.5"],
          "scaling.gpus_per_worker: found 1.5, expected a fraction of one GPU, or whole GPUs"),
         (MINIMAL, ["scaling.use_gpu=true", "scaling.use_tpu=true"], "scaling.use_tpu: found True"),
+        # XLA trains one replica, without the synchronized batch norm (train/step.py)
+        (MINIMAL, ["train.jit_compile=true", "scaling.num_workers=2"],
+         "train.jit_compile: found True, expected false with 2 replicas (XLA trains one replica"),
+        (MINIMAL, ["train.jit_compile=true", "scaling.use_gpu=true", "scaling.gpus_per_worker=2"],
+         "train.jit_compile: found True, expected false with 2 replicas"),
+        (MINIMAL, ["train.jit_compile=true", "model.use_sync_bn=true"],
+         "train.jit_compile: found True, expected false with model.use_sync_bn: true"),
         (MINIMAL, ["data.train.format=coco"], "data.train.annotations: found None, expected a path"),
         ("optimizer: [1, 2]", [], "optimizer: found [1, 2], expected a valid dictionary"),
         ("optimizer: [" + ", ".join(["123456789"] * 8) + "]", [], "optimizer: found a list, expected a valid dictionary"),

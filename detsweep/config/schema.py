@@ -277,6 +277,8 @@ class TrainConfig(Section):
                               "(one worker's resources) while training goes on")
     mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
     gradient_clipping_by_norm: NonNegFloat = Field(0.0, description="0: no clipping (as in the OD API)")
+    jit_compile: bool = Field(False, description="XLA: each replica's forward and backward pass compiled "
+                                                 "(the gradients' all-reduce and the optimizer's update are not)")
     seed: int = 0
     fine_tune: FineTuneConfig | None = None
 
@@ -345,4 +347,17 @@ class TrialConfig(Section):
             across = (f"scaling.num_workers ({scaling.num_workers})" if scaling.replicas == scaling.num_workers else
                       f"the replicas, {scaling.num_workers} worker(s) x {scaling.replicas // scaling.num_workers} GPUs each")
             raise invalid("train.batch_size", self.train.batch_size, f"a multiple of {across}")
+        return self
+
+    @model_validator(mode="after")
+    def _xla_where_it_compiles(self) -> TrialConfig:
+        # Measured here: with two replicas (logical devices or workers) TensorFlow's collectives
+        # around a replica's XLA function went out of step (mismatched shapes, a crashed worker);
+        # the synchronized batch norm all-reduces inside the forward pass, which XLA cannot hold.
+        if self.train.jit_compile and self.scaling.replicas > 1:
+            raise invalid("train.jit_compile", True, f"false with {self.scaling.replicas} replicas (XLA trains one "
+                          "replica: one worker, one device)")
+        if self.train.jit_compile and self.model.use_sync_bn:
+            raise invalid("train.jit_compile", True, "false with model.use_sync_bn: true (its all-reduce runs "
+                          "inside the forward pass, which XLA cannot compile)")
         return self

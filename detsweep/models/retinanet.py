@@ -126,19 +126,28 @@ class RetinaNetLosses:
         """``image_weights`` ``[batch]``: 0 leaves an image out (the evaluator's filler copies).
         ``summed``: the batch's positive anchors counted over the global batch (an all-reduce),
         which makes these terms this shard's part of the global batch's loss."""
-        detector = self.detector
-        box_targets, class_targets = detector.label_encoder(
+        encoded = self.encode(images, targets, image_weights)
+        count = ops.sum(encoded["positives"])
+        return self.terms(encoded, predictions, ops.stop_gradient(summed(count)) if summed else count)
+
+    def encode(self, images: tf.Tensor, targets: dict, image_weights: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        """The detector's targets for each anchor, and which anchors count: no weights are read,
+        so this may run apart from the forward pass (outside XLA, see :mod:`detsweep.train.step`)."""
+        box_targets, class_targets = self.detector.label_encoder(
             images=images, gt_boxes=targets["boxes"], gt_classes=targets["labels"]
         )
         # As in keras-hub: -1 marks background anchors, -2 ignored ones (IoU between thresholds).
         counted = 1.0 if image_weights is None else ops.cast(image_weights, "float32")[:, None]
-        positives = ops.cast(ops.greater(class_targets, -1.0), "float32") * counted
-        counts = ops.sum(positives)
-        normaliser = ops.maximum(ops.stop_gradient(summed(counts)) if summed else counts, 1.0)
-        class_weights = ops.cast(ops.not_equal(class_targets, -2.0), "float32") * counted / normaliser
-        one_hot = ops.one_hot(ops.cast(class_targets, "int32"), detector.num_classes, dtype="float32")
-        box = self.box_loss(box_targets, ops.cast(predictions["bbox_regression"], "float32"),
-                            sample_weight=positives / normaliser)
+        return {"box_targets": box_targets, "class_targets": class_targets,
+                "positives": ops.cast(ops.greater(class_targets, -1.0), "float32") * counted,
+                "kept": ops.cast(ops.not_equal(class_targets, -2.0), "float32") * counted}
+
+    def terms(self, encoded: dict[str, tf.Tensor], predictions: dict, positives: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The weighted terms for ``encoded`` targets, normalised by ``positives`` anchors (at least 1)."""
+        normaliser = ops.maximum(positives, 1.0)
+        one_hot = ops.one_hot(ops.cast(encoded["class_targets"], "int32"), self.detector.num_classes, dtype="float32")
+        box = self.box_loss(encoded["box_targets"], ops.cast(predictions["bbox_regression"], "float32"),
+                            sample_weight=encoded["positives"] / normaliser)
         classification = self.classification_loss(one_hot, ops.cast(predictions["cls_logits"], "float32"),
-                                                   sample_weight=class_weights)
+                                                   sample_weight=encoded["kept"] / normaliser)
         return {"box": self.weights["box"] * box, "classification": self.weights["classification"] * classification}

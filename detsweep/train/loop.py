@@ -71,7 +71,8 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     step = int(state.step.numpy())
     startup.mark("model")
     batches = distributed_batches(strategy, train_set, spec, config, step)
-    train_loop = make_train_loop(strategy, state.model, losses, state.optimizer, state.moving_average, state.step)
+    train_loop = make_train_loop(strategy, state.model, losses, state.optimizer, state.moving_average, state.step,
+                                 jit_compile=train.jit_compile)
     # Inline, only rank 0 evaluates; the others wait for it at their next collective (a step, or
     # the report). Async, each evaluation is of a checkpoint, elsewhere, and nobody waits.
     inline = train.evaluation == "inline"

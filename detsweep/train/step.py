@@ -25,24 +25,38 @@ def make_train_loop(
     optimizer: keras.optimizers.Optimizer,
     moving_average: MovingAverage | None,
     step: tf.Variable,
+    jit_compile: bool = False,
 ) -> Callable[[Iterator, tf.Tensor], dict[str, tf.Tensor]]:
-    """``loop(batches, num_steps)`` → mean loss terms over the steps run, ``steps_run`` and ``finite``."""
+    """``loop(batches, num_steps)`` → mean loss terms over the steps run, ``steps_run`` and ``finite``.
+    ``losses``: :class:`~detsweep.models.retinanet.RetinaNetLosses` (``encode``, then ``terms``);
+    ``jit_compile``: each replica's forward and backward pass compiled by XLA (one replica only:
+    the config refuses more, see ``TrialConfig``)."""
     scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     replicas = strategy.num_replicas_in_sync
 
-    def replica_step(images, targets):
-        context = tf.distribute.get_replica_context()
+    def forward_backward(images, encoded, positives):
+        """This replica's part of one device's loss on the global batch (normalised by the global
+        batch's ``positives``, so that the replicas' parts add up to it), and its gradients."""
         with tf.GradientTape() as tape:
             predictions = model(images, training=True)
-            # This replica's part of one device's loss on the global batch: normalised by the
-            # global batch's positive anchors, so that the replicas' parts add up to it.
-            terms = losses(images, targets, predictions,
-                           summed=lambda count: context.all_reduce(tf.distribute.ReduceOp.SUM, count))
+            terms = losses.terms(encoded, predictions, positives)
             loss = terms["box"] + terms["classification"]
             if model.losses:  # weight decay written as layer regularisers: one copy over all replicas
                 loss += tf.add_n(model.losses) / replicas
             scaled = optimizer.scale_loss(loss) if scales_loss else loss
-        gradients = tape.gradient(scaled, model.trainable_variables)
+        return {"loss": loss, "box_loss": terms["box"], "classification_loss": terms["classification"]}, \
+            tape.gradient(scaled, model.trainable_variables)
+
+    # XLA compiles what holds no collective: the targets are encoded and the positives counted
+    # across replicas before it, the gradients summed and applied after (Keras's update takes a
+    # merge_call on CPU, and its loss scaling under MirroredStrategy fails under jit: #21366).
+    compute = tf.function(forward_backward, jit_compile=True) if jit_compile else forward_backward
+
+    def replica_step(images, targets):
+        context = tf.distribute.get_replica_context()
+        encoded = losses.encode(images, targets)
+        positives = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(encoded["positives"]))
+        terms, gradients = compute(images, encoded, positives)
         if replicas > 1:
             # Every replica hands the optimizer the same gradient, the global batch's mean, which
             # Keras sums again: its clipping (by the global norm) and the loss scale's all-finite
@@ -50,7 +64,7 @@ def make_train_loop(
             summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g in gradients if g is not None]))
             gradients = [None if g is None else next(summed) / replicas for g in gradients]
         optimizer.apply(gradients, model.trainable_variables)
-        return {"loss": loss, "box_loss": terms["box"], "classification_loss": terms["classification"]}
+        return terms
 
     def reduce(per_replica):
         # Each replica's loss is already divided by the replica count: the sum is the mean.
