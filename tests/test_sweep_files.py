@@ -325,6 +325,29 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     assert "~/.ray/auth_token" in config["file_mounts"].values()
 
 
+def test_a_gpu_worker_node_installs_tensorflows_cuda_libraries_and_fails_its_start_where_tensorflow_sees_no_gpu():
+    """The GPU node type's own setup, run here (this machine has no GPU): the install names the
+    installed TensorFlow's version with its CUDA libraries (pip echoing it), and the check exits
+    1 with one line saying what TensorFlow saw; a failing setup command fails the node."""
+    import os
+    from importlib.metadata import version
+    from pathlib import Path
+
+    import yaml
+
+    node_type = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())["available_node_types"]["gpu_worker"]
+    install, check = node_type["worker_setup_commands"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    echoed = run_bounded(["bash", "-c", install.replace("pip install", "echo", 1)], env=env, timeout=60)
+    assert echoed.stdout.split() == ["--quiet", f"tensorflow[and-cuda]=={version('tensorflow')}"], echoed.stderr
+    checked = run_bounded(["bash", "-c", check], env=env, timeout=120, cwd=REPO)
+    said = [line for line in checked.stderr.splitlines() if line.startswith("detsweep:")]
+    assert checked.returncode == 1 and len(said) == 1, checked.stderr[-2000:]
+    assert said[0].startswith(f"detsweep: node check: a GPU node, but TensorFlow on {os.uname().nodename} sees no GPU "
+                              "(it sees CPU:0; "), said
+    assert not any("||" in command for command in node_type["worker_setup_commands"])
+
+
 def test_a_cluster_address_where_nothing_answers_is_one_line_before_any_data_is_read(tmp_path):
     from .mlflow_checks import free_port
 

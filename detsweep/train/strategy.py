@@ -36,11 +36,12 @@ class NoGPUVisible(DetsweepError):
     """``scaling.use_gpu`` and TensorFlow sees no GPU in the worker: the same on every restart."""
 
 
-def no_gpu_seen() -> str:
+def no_gpu_seen(asked: str = "scaling.use_gpu: found true") -> str:
+    """One line: what asked for a GPU, and what TensorFlow here sees instead."""
     devices = ", ".join(device.name.removeprefix("/physical_device:") for device in tf.config.list_physical_devices())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     build = "built with CUDA" if tf.test.is_built_with_cuda() else "a TensorFlow built without CUDA"
-    return (f"scaling.use_gpu: found true, but TensorFlow on {socket.gethostname()} sees no GPU (it sees {devices}; "
+    return (f"{asked}, but TensorFlow on {socket.gethostname()} sees no GPU (it sees {devices}; "
             f"CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}; {build}); expected a node whose "
             "TensorFlow sees its GPUs (pip install 'tensorflow[and-cuda]')")
 
