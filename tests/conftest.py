@@ -120,6 +120,20 @@ def run_bounded(command: list[str], timeout: float | None = None, **options) -> 
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+def run_on_two_cpu_devices(script: str, *args: str, timeout: float = 180) -> dict:
+    """``script`` in a Python process of its own whose CPU is two logical devices, which stand
+    in for two GPUs (TensorFlow fixes its devices when its runtime starts, and this process's
+    has started); returns the JSON its last line prints."""
+    import json
+
+    preamble = ("import tensorflow as tf\n"
+                "tf.config.set_logical_device_configuration(tf.config.list_physical_devices('CPU')[0], "
+                "[tf.config.LogicalDeviceConfiguration()] * 2)\n")
+    result = run_bounded([sys.executable, "-c", preamble + script, *args], timeout=timeout, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def run_on_terminal(command: list[str], timeout: float | None = None, **options) -> tuple[subprocess.CompletedProcess, str]:
     """``run_bounded`` with stderr on a pseudo-terminal, as a person at a terminal runs
     ``detsweep … --json > report.json``: returns the result (stdout captured) and everything

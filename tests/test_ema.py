@@ -90,16 +90,39 @@ def test_averages_are_saved_in_checkpoints(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_update_inside_tf_function_under_a_strategy():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    with strategy.scope():
-        weight = tf.Variable([1.0, 2.0])
-        ema = MovingAverage([weight], decay=0.5)
+TWO_REPLICAS = r"""
+import json
+from detsweep.optim import MovingAverage
 
-    @tf.function
-    def train_step(step):
-        strategy.run(lambda: weight.assign_add([2.0, 2.0]))
-        ema.update(step)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    # the replicas' updates averaged, as a weight trained under the strategy is kept alike
+    weight = tf.Variable([1.0, 2.0], aggregation=tf.VariableAggregation.MEAN)
+    ema = MovingAverage([weight], decay=0.5)
 
-    train_step(tf.constant(0))
-    np.testing.assert_allclose(ema.averages[0].numpy(), [2.0, 3.0])
+
+@tf.function
+def train_step(step):
+    replica = lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+    strategy.run(lambda: weight.assign_add([1.0, 1.0] + 2.0 * replica()))  # +1 on one, +3 on the other
+    ema.update(step)
+
+
+copies = lambda variable: [v.numpy().tolist() for v in strategy.experimental_local_results(variable)]
+train_step(tf.constant(0))
+found = {"averages": copies(ema.averages[0])}
+with ema.averaged_weights():
+    found["swapped in"] = copies(weight)
+found["after"] = copies(weight)
+print(json.dumps(found))
+"""
+
+
+def test_update_inside_tf_function_under_a_strategy_two_logical_devices():
+    """Two logical CPU devices stand in for two GPUs: the update runs in cross-replica context
+    and every replica's copy of the average, and of the weights swapped in, is the same."""
+    from .conftest import run_on_two_cpu_devices
+
+    found = run_on_two_cpu_devices(TWO_REPLICAS)
+    # the weight moved by the replicas' mean (+2): [3, 4]; the average halfway from [1, 2]
+    assert found == {"averages": [[2.0, 3.0]] * 2, "swapped in": [[2.0, 3.0]] * 2, "after": [[3.0, 4.0]] * 2}, found

@@ -97,11 +97,24 @@ def test_adamw_and_sgd(write):
     assert type(sgd) is keras.optimizers.SGD and sgd.momentum == 0
 
 
-def test_clipping_and_loss_scaling(write):
-    config = load_trial_config(write("a.yaml", "optimizer: {type: momentum}"))
-    optimizer = build_optimizer(config.optimizer, clip_norm=5.0, mixed_precision="mixed_float16")
-    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    assert unwrap(optimizer).global_clipnorm == 5.0
+def test_clipping_and_loss_scaling_unscale_then_clip_then_step():
+    """Under ``mixed_float16`` the optimizer takes gradients of the scaled loss: it divides by
+    the scale, then clips the global norm, then steps; an overflow skips the step and halves
+    the scale."""
+    from detsweep.config import OptimizerConfig
+
+    config = OptimizerConfig(type="sgd", learning_rate={"type": "constant", "learning_rate": 1.0})
+    optimizer = build_optimizer(config, clip_norm=1.0, mixed_precision="mixed_float16")
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and unwrap(optimizer).global_clipnorm == 1.0
+    weights = [keras.Variable(np.zeros(2, np.float32)), keras.Variable(np.zeros(1, np.float32))]
+    optimizer.build(weights)
+    scale = float(optimizer.dynamic_scale.numpy())
+    # a gradient of norm 5 (3, 0, 4), scaled: unscaled, clipped to norm 1, applied at rate 1
+    optimizer.apply([np.array([3.0, 0.0], np.float32) * scale, np.array([4.0], np.float32) * scale], weights)
+    np.testing.assert_allclose(np.concatenate([w.numpy() for w in weights]), [-0.6, 0.0, -0.8], rtol=1e-6)
+    optimizer.apply([np.array([np.inf, 0.0], np.float32), np.array([4.0], np.float32)], weights)
+    np.testing.assert_allclose(np.concatenate([w.numpy() for w in weights]), [-0.6, 0.0, -0.8], rtol=1e-6)
+    assert float(optimizer.dynamic_scale.numpy()) == scale / 2
 
 
 def test_clipping_bounds_the_global_norm_of_the_update():

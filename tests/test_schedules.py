@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from detsweep.config import LearningRateConfig, OptimizerConfig
-from detsweep.optim import build_optimizer, build_schedule
+from detsweep.optim import build_schedule
 
 
 def rates(config: dict, steps) -> np.ndarray:
@@ -76,29 +75,47 @@ def test_od_api_names_are_accepted_for_schedule_type():
     assert LearningRateConfig(schedule="exponential_decay_learning_rate").type == "exponential_decay"
 
 
-def test_schedule_drives_a_keras_optimizer_under_tf_distribute_inside_tf_function():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+TWO_REPLICAS = r"""
+import json, sys
+from detsweep.config import OptimizerConfig
+from detsweep.optim import build_optimizer
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+config = OptimizerConfig.model_validate_json(sys.argv[1])
+with strategy.scope():
+    weight = tf.Variable(0.0)
+    optimizer = build_optimizer(config)
+    optimizer.build([weight])
+
+
+@tf.function
+def step():
+    def replica_step():
+        optimizer.apply_gradients([(tf.constant(-1.0), weight)])  # each replica: up by the lr
+    strategy.run(replica_step)
+
+
+seen = []
+for _ in range(10):
+    before = float(weight.numpy())
+    step()
+    seen.append(float(weight.numpy()) - before)
+print(json.dumps({"seen": seen, "iterations": int(optimizer.iterations.numpy()), "traced": step.experimental_get_tracing_count()}))
+"""
+
+
+def test_schedule_drives_a_keras_optimizer_under_tf_distribute_inside_tf_function_two_logical_devices():
+    """Two logical CPU devices stand in for two GPUs: each step the optimizer takes the
+    schedule's rate at its own step count, which counts steps, not replicas' updates; Keras
+    sums the replicas' gradients (which is why the train step hands it their mean)."""
+    from .conftest import run_on_two_cpu_devices
+
     config = OptimizerConfig(type="sgd", learning_rate={"type": "cosine", "learning_rate_base": 1.0,
                                                         "total_steps": 100, "warmup_learning_rate": 0.1,
                                                         "warmup_steps": 9})
-    with strategy.scope():
-        weight = tf.Variable(0.0)
-        optimizer = build_optimizer(config)
-        optimizer.build([weight])
-
-    @tf.function
-    def step():
-        def replica_step():
-            optimizer.apply_gradients([(tf.constant(-1.0), weight)])  # moves the weight up by the lr
-        strategy.run(replica_step)
-
-    seen = []
-    for _ in range(10):
-        before = float(weight.numpy())
-        step()
-        seen.append(float(weight.numpy()) - before)
-    np.testing.assert_allclose(seen, rates(config.learning_rate.model_dump(), range(10)), rtol=1e-5)
-    assert step.experimental_get_tracing_count() == 1
+    found = run_on_two_cpu_devices(TWO_REPLICAS, config.model_dump_json())
+    np.testing.assert_allclose(found["seen"], 2 * rates(config.learning_rate.model_dump(), range(10)), rtol=1e-5)
+    assert (found["iterations"], found["traced"]) == (10, 1), found
 
 
 @pytest.mark.parametrize("step", [0, 3, 8, 9, 50, 99, 100, 101])
