@@ -27,6 +27,7 @@ from detsweep.subcommands import OneLineParser, add_command, add_overrides, add_
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    console.hold_stderr()  # detsweep's lines alone on the terminal, from every command
     try:
         check_address(getattr(args, "address", None))  # a cluster that is not there: before any data is read
         if getattr(args, "storage", None):
@@ -39,8 +40,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"detsweep: error: {error}", file=console.err(), flush=True)
         return 2
     except KeyboardInterrupt:
+        console.drop_scratch_log()
         print("detsweep: interrupted", file=console.err(), flush=True)
         return 130
+    except BrokenPipeError:  # e.g. `detsweep … | head`: the reader left; say nothing more
+        console.drop_scratch_log()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as error:
         if console.log_path() is None:  # the terminal has it all: Python's own traceback
             raise
@@ -48,9 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"detsweep: unexpected error: {type(error).__name__}: {error} (traceback in {console.log_path()})",
               file=console.err(), flush=True)
         return 1
-    except BrokenPipeError:  # e.g. `detsweep … | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+    finally:
+        console.release_stderr(drop_log=False)  # a short command's end; the log is kept or dropped above
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -285,6 +290,7 @@ def ui_command(args: argparse.Namespace) -> int:
         return 0
     command = ui_command_line(backend, args.port)
     print(f"MLflow: http://127.0.0.1:{args.port} ({' '.join(command)})", flush=True)
+    console.release_stderr()  # mlflow ui's own output is the user's to see
     os.execvp(command[0], command)
     return 0  # not reached
 
@@ -332,10 +338,11 @@ def import_odapi(args: argparse.Namespace) -> int:
     header = [f"Imported from {args.pipeline} by `detsweep import-odapi`."] + imported.notes
     text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(imported.tree, sort_keys=False)
     for line in imported.not_carried + imported.notes:
-        print(f"detsweep: not carried over: {line}" if line in imported.not_carried else f"detsweep: note: {line}", file=sys.stderr)
+        print(f"detsweep: not carried over: {line}" if line in imported.not_carried else f"detsweep: note: {line}",
+              file=console.err())
     if args.output:
         write_atomically(Path(args.output), text)
-        print(f"wrote {args.output}", file=sys.stderr)
+        print(f"wrote {args.output}", file=console.err())
     else:
         print(text, end="")
     return 0

@@ -11,6 +11,7 @@ leaves nothing behind.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import tempfile
@@ -63,24 +64,66 @@ def working(what: str) -> Iterator[None]:
         yield
 
 
+def hold_stderr() -> None:
+    """Every command's start (``cli.main``): from now on file descriptor 2 writes to a scratch
+    log, so that what libraries print there (TensorFlow's C++ start-up lines, which come before
+    any Python setting can act; Python warnings) stays off the terminal, where detsweep's own
+    lines go (:func:`err`). The log is dropped when the command ends or is refused, and named in
+    its one line when it fails unexpectedly (its traceback is there). Nothing is held where
+    ``sys.stderr`` is not file descriptor 2 (``main`` called in a process that captures it)."""
+    try:
+        if sys.stderr.fileno() != 2:
+            return
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
+    sys.stderr.flush()
+    _terminal["err"] = os.fdopen(os.dup(2), "w", buffering=1)
+    descriptor, path = tempfile.mkstemp(prefix="detsweep-", suffix=".log")
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    _log["path"] = path
+
+
+def release_stderr(drop_log: bool = True) -> None:
+    """File descriptor 2 back on the terminal, its scratch log dropped (unless not
+    ``drop_log``): a command that hands over to another program (``ui``), shows everything
+    (``--verbose``) or has ended without taking the terminal over (:func:`take_over` keeps it
+    until the process ends: Ray writes until then)."""
+    if "err" not in _terminal or "out" in _terminal:
+        return
+    terminal = _terminal.pop("err")
+    sys.stderr.flush()
+    os.dup2(terminal.fileno(), 2)
+    terminal.close()
+    if drop_log:
+        drop_scratch_log()
+    else:
+        _log.pop("path", None)
+
+
 def take_over(as_json: bool = False, verbose: bool = False) -> TextIO:
     """From now until the process ends, file descriptors 1 and 2 write to a scratch log (with
     ``verbose``, they keep the terminal); returns the stream for the command's result, the
     terminal's stdout. Under ``as_json`` detsweep's lines go to stderr, the result alone to stdout."""
+    if verbose:
+        release_stderr()
     sys.stdout.flush()
     sys.stderr.flush()
     result = os.fdopen(os.dup(1), "w", buffering=1)
-    _terminal["err"] = os.fdopen(os.dup(2), "w", buffering=1)
+    if "err" not in _terminal:
+        _terminal["err"] = os.fdopen(os.dup(2), "w", buffering=1)
     _terminal["out"] = _terminal["err"] if as_json else result
     if verbose:
         if as_json:  # Ray keeps writing to fd 1 until the process exits: none of it in the result
             os.dup2(2, 1)
         return result
-    descriptor, path = tempfile.mkstemp(prefix="detsweep-", suffix=".log")
+    if "path" not in _log:
+        descriptor, _log["path"] = tempfile.mkstemp(prefix="detsweep-", suffix=".log")
+        os.close(descriptor)
+    descriptor = os.open(_log["path"], os.O_WRONLY | os.O_APPEND)
     os.dup2(descriptor, 1)
     os.dup2(descriptor, 2)
     os.close(descriptor)
-    _log["path"] = path
     return result
 
 

@@ -107,3 +107,47 @@ def test_long_work_shows_a_spinner_with_its_time_on_a_terminal_and_nothing_on_a_
     with console.working("exporting"):
         pass
     assert piped.getvalue() == ""
+
+
+# One bad input for each command; those that load TensorFlow before they find it bad
+# (a corrupt TFRecord, a checkpoint folder without a checkpoint) would print its C++ start-up.
+BAD_INPUTS = {
+    "config": ["config", "bad.yaml"],
+    "optimizer": ["optimizer", "bad.yaml"],
+    "train": ["train", "bad.yaml"],
+    "best": ["best", "nosuch"],
+    "finetune": ["finetune", "--from", "run:0123456789abcdef"],
+    "ui": ["ui", "--config", "bad.yaml"],
+    "eval": ["eval", "--checkpoint", "."],
+    "import-odapi": ["import-odapi", "bad.record"],
+    "export": ["export", "--from", "checkpoint:.", "--out", "exported"],
+    "predict": ["predict", "--from", "checkpoint:.", "bad.record"],
+    "validate": ["validate", "bad.yaml"],
+    "launch": ["launch", "bad.yaml"],
+    "status": ["status", "."],
+    "resume": ["resume", "."],
+    "replay": ["replay", "bad.yaml", "bad.yaml"],
+    "data inspect": ["data", "inspect", "--format", "tfrecord", "--annotations", "bad.record"],
+    "data synth": ["data", "synth", "--num-images", "-3", "--out", "synth"],
+}
+
+
+def test_every_command_refuses_a_bad_input_in_one_line_on_stderr_without_tensorflows_start_up(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from detsweep.cli import build_parser
+
+    from .conftest import run_cli
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # every command the CLI has
+    assert set(commands) - {"data"} | {f"data {name}" for name in ("inspect", "synth")} == set(BAD_INPUTS)
+    (tmp_path / "bad.yaml").write_text("optimizer: {type: adam\n")
+    (tmp_path / "bad.record").write_text("not a TFRecord, nor an OD API text proto, and longer than a header\n")
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(BAD_INPUTS, pool.map(lambda args: run_cli(*args, cwd=tmp_path, timeout=120),
+                                               BAD_INPUTS.values())))
+    for name, result in results.items():
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("detsweep"), (name, result.stderr)
+    assert "corrupt TFRecord" in results["data inspect"].stderr and "not a detsweep checkpoint" in results["eval"].stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bad.record", "bad.yaml"]  # nothing written

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 from detsweep import console
@@ -62,7 +61,7 @@ def synth_command(args: argparse.Namespace) -> int:
     config = dataset_config(args, "detsweep data synth", format="synthetic")
     path = write_synthetic(args.out, config.num_images, config.image_size, config.classes, config.seed)
     print(f"wrote {config.num_images} images to {path.parent / 'images'} and their COCO annotations to {path}",
-          file=sys.stderr)
+          file=console.err())
     print(path)
     return 0
 
