@@ -96,11 +96,12 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 def cli_environment(env: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a ``detsweep`` subprocess, with ``env`` added. Without a
-    tracking URI or a Ray authentication mode but the ones ``env`` gives: ``mlflow.set_tracking_uri``
-    and a local ``ray.init`` in this process (a check, a module fixture's set-up) write them into
-    ``os.environ`` (Ray's "token", which a cluster started with another mode refuses)."""
-    written_here = {"MLFLOW_TRACKING_URI", "RAY_AUTH_MODE"}
-    inherited = {name: value for name, value in os.environ.items() if name not in written_here}
+    tracking URI but the one ``env`` gives: ``mlflow.set_tracking_uri`` in this process (a
+    check, a module fixture's set-up) writes one into ``os.environ``. Ray's authentication mode
+    is inherited: a cluster this process started (``ray.init``, ``cluster_utils``) wrote "token"
+    there, which its clients need; a cluster started otherwise gives its clients its own
+    (``cluster_parts.AUTH``)."""
+    inherited = {name: value for name, value in os.environ.items() if name != "MLFLOW_TRACKING_URI"}
     return {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
 
 
