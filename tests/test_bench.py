@@ -14,7 +14,8 @@ from .conftest import REPO, run_bounded
 
 # What each benchmark of ``bench.run_all`` records, by its name there.
 RECORDS = {"train_step": {"train_step", "train_step_loops", "train_step_split"}, "startup": {"startup_1w"},
-           "input_pipeline": {"input_pipeline"}, "scaling": {"scaling_cpu"}, "early_stopping": {"early_stopping"},
+           "input_pipeline": {"input_pipeline"}, "scaling": {"scaling_cpu"}, "scaling_gpu": {"scaling_gpu"},
+           "early_stopping": {"early_stopping"},
            "replay_settings": {"replay_settings"}, "tracking_server": {"tracking_server"},
            "tracking_load": {"tracking_load"}}
 
@@ -95,8 +96,25 @@ def tracking_load(results: dict) -> None:
     assert rows["checkpoints READY"] == "12/12" and all(t["met"] for t in results["tracking_load"]["targets"])
 
 
+def scaling_gpu(results: dict) -> None:
+    # two logical CPU devices stood in (float32 alone at the smoke's size): one device, with XLA, and both
+    rows = results["scaling_gpu"]["rows"][1:]
+    assert [row[:3] for row in rows] == [["float32", "off", 1], ["float32", "on", 1], ["float32", "off", 2]], rows
+    assert all(row[5] == "n/a (CPU)" for row in rows) and rows[0][4] == 1.0, rows
+
+
 SPECIFIC = {"early_stopping": early_stopping, "tracking_load": tracking_load, "replay_settings": replay_settings, "startup": startup,
-            "tracking_server": tracking_server, "train_step": train_step}
+            "tracking_server": tracking_server, "train_step": train_step, "scaling_gpu": scaling_gpu}
+
+
+def test_the_gpu_benchmark_refuses_a_machine_without_gpus_in_one_line(tmp_path):
+    out = tmp_path / "results.json"
+    result = run_bounded([sys.executable, "-m", "bench.scaling", "--gpu", "--out", str(out)], cwd=REPO, timeout=120)
+    said = [line for line in result.stderr.splitlines() if line.startswith("bench.scaling")]
+    assert result.returncode == 2 and said == ["bench.scaling --gpu: found no GPU (TensorFlow sees CPU:0), expected a "
+                                               "machine with GPUs (--smoke runs it on two logical CPU devices)"], \
+        result.stderr[-2000:]
+    assert not out.exists()
 
 
 def test_throughput_windows_leave_out_tracing_and_the_final_checkpoint():
