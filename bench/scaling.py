@@ -44,8 +44,8 @@ def workers(args) -> None:
 
 
 # The model of sweeps/coco_gpu.yaml (random encoder weights: the speed is the same).
-COCO_GPU = ["model.backbone=resnet50", "model.image_size=640", "data.train.image_size=640", "model.max_level=7",
-            "model.head_conv_layers=4"]
+# Its image size is the run's own (640 px; the smoke's smaller).
+COCO_GPU = ["model.backbone=resnet50", "model.max_level=7", "model.head_conv_layers=4"]
 
 
 def gpu(args) -> None:
@@ -86,7 +86,7 @@ def gpu(args) -> None:
             rows.append([policy, "on" if jit else "off", count, rate, rate / (count * one_device[policy]),
                          "n/a (CPU)" if peak is None else peak / 1e9])
     record("scaling_gpu", Entry(
-        title=f"{'Two logical CPU devices standing in for GPUs' if args.smoke else 'This machine GPUs'}: "
+        title=("Two logical CPU devices standing in for GPUs" if args.smoke else "This machine's GPUs") + ": "
               "the coco_gpu model by precision, XLA and devices (bench/scaling.py --gpu)",
         settings={"devices": devices, "image_size": size, "batch_per_device": per_device, "windows": windows,
                   "steps_per_loop": steps, "encoder": "resnet50 (random init)" if not args.smoke else "quickstart's"},
@@ -113,8 +113,9 @@ def device_rate(config, devices: list[str], windows: int, steps: int) -> tuple[f
     from detsweep.train.step import make_train_loop
 
     gpus = devices[0].startswith("/gpu")
+    first = devices[0].lstrip("/").upper()  # its name for the memory statistics, e.g. GPU:0
     if gpus:
-        tf.config.experimental.reset_memory_stats(devices[0].lstrip("/").upper())
+        tf.config.experimental.reset_memory_stats(first)
     keras.mixed_precision.set_global_policy(config.train.mixed_precision)
     keras.utils.set_random_seed(config.train.seed)
     strategy = (tf.distribute.OneDeviceStrategy(devices[0]) if len(devices) == 1 else tf.distribute.MirroredStrategy(
@@ -132,7 +133,7 @@ def device_rate(config, devices: list[str], windows: int, steps: int) -> tuple[f
         float(loop(batches, tf.constant(steps))["loss"])  # waits for the loop's end
         marks.append(time.perf_counter())
     rate = (windows - 1) * steps * config.train.batch_size / (marks[-1] - marks[0])
-    peak = tf.config.experimental.get_memory_info(devices[0].lstrip("/").upper())["peak"] if gpus else None
+    peak = tf.config.experimental.get_memory_info(first)["peak"] if gpus else None
     return rate, peak
 
 

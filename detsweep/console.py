@@ -78,10 +78,7 @@ def hold_stderr() -> None:
         return
     sys.stderr.flush()
     _terminal["err"] = os.fdopen(os.dup(2), "w", buffering=1)
-    descriptor, path = tempfile.mkstemp(prefix="detsweep-", suffix=".log")
-    os.dup2(descriptor, 2)
-    os.close(descriptor)
-    _log["path"] = path
+    _write_to_log(2)
 
 
 def release_stderr(drop_log: bool = True) -> None:
@@ -117,14 +114,19 @@ def take_over(as_json: bool = False, verbose: bool = False) -> TextIO:
         if as_json:  # Ray keeps writing to fd 1 until the process exits: none of it in the result
             os.dup2(2, 1)
         return result
+    _write_to_log(1, 2)
+    return result
+
+
+def _write_to_log(*descriptors: int) -> None:
+    """Point ``descriptors`` at the log, a new scratch file when there is none yet."""
     if "path" not in _log:
         descriptor, _log["path"] = tempfile.mkstemp(prefix="detsweep-", suffix=".log")
         os.close(descriptor)
-    descriptor = os.open(_log["path"], os.O_WRONLY | os.O_APPEND)
-    os.dup2(descriptor, 1)
-    os.dup2(descriptor, 2)
-    os.close(descriptor)
-    return result
+    log = os.open(_log["path"], os.O_WRONLY | os.O_APPEND)
+    for descriptor in descriptors:
+        os.dup2(log, descriptor)
+    os.close(log)
 
 
 def keep_log_in(folder: str | Path, name: str) -> Path | None:

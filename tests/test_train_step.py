@@ -131,9 +131,7 @@ def test_the_val_sets_loss_is_the_training_loss_of_its_images_and_the_filler_cop
 
 REPLICA_SCRIPT = r"""
 import json, sys
-import numpy as np, tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import numpy as np
 import keras
 from detsweep.config import load_trial_config
 from detsweep.data import load_dataset
@@ -191,16 +189,10 @@ def test_two_replicas_with_different_images_step_as_one_device_on_the_same_globa
     gradient is clipped by the global norm of the summed gradient, as one device does. (One
     step: after it, float rounding in another order flips a few ReLUs, and a second step's
     gradients differ by more than rounding.)"""
-    import json
-    import sys
-
-    from .conftest import run_bounded
+    from .conftest import run_on_two_cpu_devices
 
     overrides = ["model.use_sync_bn=true", "optimizer.learning_rate.warmup_steps=0"]
-    result = run_bounded([sys.executable, "-c", REPLICA_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), *overrides],
-                         timeout=300, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.splitlines()[-1])
+    found = run_on_two_cpu_devices(REPLICA_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), *overrides, timeout=300)
     # clipped (the quickstart's setting): every kind of state within 1e-5 of one device's (relative)
     assert max(found["10.0"]["apart"].values()) < 1e-5, found["10.0"]
     # unclipped, the first gradient's norm is ~1000 and rounding in another order shows at
