@@ -10,14 +10,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test bench bench-smoke tcmalloc clean
 
-# The quickstart sweep: 4 trials on synthetic shapes, synchronous halving, about 4.5 minutes
-# on 2 cores (sweeps/quickstart.yaml says what was measured).
-demo: $(INSTALLED) tcmalloc
+# The quickstart sweep: 4 trials on synthetic shapes, synchronous halving (its time: README, Speed).
+demo: $(INSTALLED)
 	$(BIN)/detsweep launch sweeps/quickstart.yaml --set storage=$(CURDIR)/demo-out/ray/$(shell date +%Y%m%d-%H%M%S)
 
 # The layers and the lint first (seconds), then every test, in one process: two at once
 # were slower on CI's machine (README, Tests).
-test: $(INSTALLED) $(BROWSER) tcmalloc
+test: $(INSTALLED) $(BROWSER)
 	$(BIN)/lint-imports
 	$(BIN)/ruff check detsweep tests bench
 	$(BIN)/python -m pytest
@@ -30,8 +29,9 @@ bench: $(INSTALLED) tcmalloc
 bench-smoke: $(INSTALLED) tcmalloc
 	$(BIN)/python -m bench.run_all --smoke --out $(CURDIR)/demo-out/bench-smoke.json
 
-# Ray's training workers run with tcmalloc when the machine has it (detsweep/cluster.py says
-# what it was measured to give). Without it they still run.
+# The benchmarks compare glibc's malloc with tcmalloc (bench/allocator.py), which Ray's training
+# workers get where a machine has it. It gave no gain beyond noise (README, Speed), so the demo
+# and the tests do without it.
 tcmalloc:
 	@ldconfig -p | grep -q libtcmalloc_minimal.so.4 || { $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libtcmalloc-minimal4; }

@@ -27,6 +27,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS_JSON = BENCH / "results.json"
 RESULTS_MD = BENCH / "RESULTS.md"
+README = REPO / "README.md"
 RACCOON = REPO.parent / "shared" / "datasets" / "raccoon"
 BEGIN, END = "<!-- bench:begin (written by bench/run_all.py) -->", "<!-- bench:end -->"
 PACKAGES = ("tensorflow", "tensorflow-cpu", "keras", "keras-hub", "ray", "mlflow")
@@ -122,7 +123,7 @@ def cell(value) -> str:
 
 
 def render(results_path: Path = RESULTS_JSON, markdown: Path = RESULTS_MD) -> None:
-    """Rewrite the generated part of RESULTS.md from results.json."""
+    """Rewrite the generated part of RESULTS.md from results.json, and README's figures."""
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     generated = "\n".join([BEGIN, "", *[render_entry(entry) for entry in results.values()], END])
     text = markdown.read_text() if markdown.exists() else "# Measured figures\n\n"
@@ -131,6 +132,10 @@ def render(results_path: Path = RESULTS_JSON, markdown: Path = RESULTS_MD) -> No
     else:
         text = text.rstrip() + "\n\n" + generated + "\n"
     markdown.write_text(text)
+    if results_path == RESULTS_JSON:  # README states the recorded figures, not a smoke run's
+        from .readme import rewrite
+
+        README.write_text(rewrite(README.read_text(), results))
 
 
 def arguments(description: str) -> argparse.ArgumentParser:

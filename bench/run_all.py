@@ -16,6 +16,7 @@ from .common import REPO, RESULTS_JSON, RESULTS_MD, arguments, gpu_name, render
 
 BENCHMARKS = {
     "train_step": ["bench.train_step"],
+    "allocator": ["bench.allocator"],
     "startup": ["bench.startup"],
     "input_pipeline": ["bench.input_pipeline"],
     "scaling": ["bench.scaling"],

@@ -50,8 +50,8 @@ COCO_GPU = ["model.backbone=resnet50", "model.max_level=7", "model.head_conv_lay
 
 def gpu(args) -> None:
     """Every GPU TensorFlow sees here (``--smoke``: two logical CPU devices stand in): images/s
-    of detsweep's step on one device and on all of them, float32, ``mixed_float16`` and each
-    with XLA on one device (XLA trains one replica), scaling efficiency and peak device memory.
+    of detsweep's step on one device and on all of them, float32 and ``mixed_float16``, each with
+    and without XLA, scaling efficiency and peak device memory.
     One process: the precision policy is set before each model is built."""
     import sys
 
@@ -73,7 +73,7 @@ def gpu(args) -> None:
     one_device: dict[str, float] = {}  # by precision, without XLA
     # The smoke run checks the script's paths in float32 alone: a CPU runs float16 at ~1 image/s.
     for policy in ("float32",) if args.smoke else ("float32", "mixed_float16"):
-        for jit, count in ((False, 1), (True, 1), (False, len(devices))):
+        for jit, count in ((False, 1), (True, 1), (False, len(devices)), (True, len(devices))):
             if count > 1 and len(devices) == 1:  # one GPU here: its one-device rows are all there is
                 continue
             overrides = [*([] if args.smoke else COCO_GPU), f"model.image_size={size}", f"data.train.image_size={size}",

@@ -14,8 +14,8 @@ from detsweep.errors import DetsweepError
 # TensorFlow's CPU kernels allocate and free large buffers at every step; glibc's malloc hands
 # them back to the kernel and faults them in again. tcmalloc keeps them: it more than doubled
 # the quickstart's speed when TensorFlow copied tensors at every step (a OneDeviceStrategy on
-# the CPU); on today's path the recorded runs show no difference beyond their noise
-# (bench/results.json: train_step). It stays for the ops that leave the fast path.
+# the CPU); on today's path paired runs show no gain beyond their noise (bench/allocator.py),
+# so nothing installs it: a node that has it (a cluster's setup command) gets it.
 TCMALLOC = "libtcmalloc_minimal.so.4"
 # Where Ray keeps a run's results and checkpoints when it is given no storage path.
 RAY_RESULTS = "~/ray_results"

@@ -14,6 +14,7 @@ from .conftest import REPO, run_bounded
 
 # What each benchmark of ``bench.run_all`` records, by its name there.
 RECORDS = {"train_step": {"train_step", "train_step_loops", "train_step_split"}, "startup": {"startup_1w"},
+           "allocator": {"allocator"},
            "input_pipeline": {"input_pipeline"}, "scaling": {"scaling_cpu"}, "scaling_gpu": {"scaling_gpu"},
            "early_stopping": {"early_stopping"},
            "replay_settings": {"replay_settings"}, "tracking_server": {"tracking_server"},
@@ -58,6 +59,12 @@ def train_step(results: dict) -> None:
     assert under_ray_train == pairs == loops[5] == ray_train / single["detsweep loop, no Ray, tcmalloc"]
 
 
+def allocator(results: dict) -> None:
+    # one pair at the smoke's size: the ratio in the table is the pair's own
+    [(pair, glibc, tcmalloc, ratio)] = results["allocator"]["rows"][1:]
+    assert pair == 1 and ratio == tcmalloc / glibc == results["allocator"]["targets"][0]["measured"]
+
+
 def early_stopping(results: dict) -> None:
     # it launched the seeded random quickstart sweep twice (FIFO, its own scheduler): the same draws
     assert results["early_stopping"]["notes"][0] == "Both sweeps drew the same configurations.", results
@@ -97,13 +104,14 @@ def tracking_load(results: dict) -> None:
 
 
 def scaling_gpu(results: dict) -> None:
-    # two logical CPU devices stood in (float32 alone at the smoke's size): one device, with XLA, and both
+    # two logical CPU devices stood in (float32 alone at the smoke's size): one device and both, with XLA and without
     rows = results["scaling_gpu"]["rows"][1:]
-    assert [row[:3] for row in rows] == [["float32", "off", 1], ["float32", "on", 1], ["float32", "off", 2]], rows
+    assert [row[:3] for row in rows] == [["float32", "off", 1], ["float32", "on", 1], ["float32", "off", 2],
+                                         ["float32", "on", 2]], rows
     assert all(row[5] == "n/a (CPU)" for row in rows) and rows[0][4] == 1.0, rows
 
 
-SPECIFIC = {"early_stopping": early_stopping, "tracking_load": tracking_load, "replay_settings": replay_settings, "startup": startup,
+SPECIFIC = {"allocator": allocator, "early_stopping": early_stopping, "tracking_load": tracking_load, "replay_settings": replay_settings, "startup": startup,
             "tracking_server": tracking_server, "train_step": train_step, "scaling_gpu": scaling_gpu}
 
 

@@ -1,0 +1,148 @@
+"""README's measured figures: one table in its *Speed* section, rendered from
+``bench/results.json`` between two markers (``render`` in ``bench/common.py`` writes it with
+``RESULTS.md``). A figure README states anywhere else restates one of this table's cells;
+``tests/test_readme_figures.py`` holds README to both."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+BEGIN = "<!-- figures:begin (written by bench/run_all.py from bench/results.json) -->"
+END = "<!-- figures:end -->"
+
+Figure = Callable[[dict], str]
+
+
+def x(ratio: float) -> str:
+    return f"{ratio:.2f}x"
+
+
+def percent(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def cells(entry: dict, first_cell: str) -> list:
+    """The row of ``entry``'s table whose first cell is ``first_cell``."""
+    [row] = [row for row in entry["rows"][1:] if str(row[0]) == first_cell]
+    return row
+
+
+def leading(text: str) -> float:
+    """42 from "42% (22%-73%)", 0.0 from "0.000 (0.295)"."""
+    return float(text.split("%")[0].split(" ")[0])
+
+
+def loop_vs_fit(entry: dict) -> str:
+    return x(cells(entry, "detsweep loop, no Ray, plain python")[2])
+
+
+def ray_train_vs_loop(entry: dict) -> str:
+    return ", ".join(x(row[5]) for row in entry["rows"][1:])
+
+
+def wall_vs_compute(entry: dict) -> str:
+    return ", ".join(x(row[7]) for row in entry["rows"][1:])
+
+
+def beside(entry: dict) -> str:
+    idle = [row[2] for row in entry["rows"][2:4]]
+    return "; ".join(x(ratio) for ratio in idle)
+
+
+def startup(entry: dict) -> str:
+    return f"{cells(entry, '**Tune start → first step**')[1]:.1f} s"
+
+
+def pipeline(entry: dict) -> str:
+    return f"{cells(entry, 'ratio')[1]:.0f}x"
+
+
+def halving_live(entry: dict) -> str:
+    (_, _, fifo_steps, fifo_best, _), (_, _, steps, best, _) = entry["rows"][1:]
+    return f"{percent(steps / fifo_steps)} ({steps} of {fifo_steps}); {best:.3f} against {fifo_best:.3f}"
+
+
+REPLAYED = ("ASHA on eval/AP_best from step 40", "quickstart (sweeps/quickstart.yaml)",
+            "BOHB + HyperBand on eval/AP_best (factor 3)")
+
+
+def replayed(entry: dict) -> str:
+    shares = [f"{leading(cells(entry, name)[1]):.0f} %, {leading(cells(entry, name)[2]):.3f}" for name in REPLAYED]
+    return "; ".join(shares)
+
+
+def scaling(entry: dict) -> str:
+    return f"{x(cells(entry, '2')[3])}; {x(cells(entry, '1, XLA')[3])}"
+
+
+def allocator(entry: dict) -> str:
+    glibc = [row[1] for row in entry["rows"][1:]]
+    return f"{x(entry['targets'][0]['measured'])}; {percent(max(glibc) / min(glibc) - 1)}"
+
+
+def tracking_load(entry: dict) -> str:
+    figure = dict(map(tuple, entry["rows"][1:]))
+    return (f"{figure['writes/s']:.1f} writes/s, p50 {figure['latency p50 (ms)']:.0f} ms, "
+            f"p99 {figure['latency p99 (ms)'] / 1000:.1f} s, {figure['lost writes']} lost")
+
+
+def tracking_server(entry: dict) -> str:
+    return x(cells(entry, "as shipped (credentials cached 60 s)")[2])
+
+
+def minutes(seconds: float) -> str:
+    whole, rest = divmod(round(seconds), 60)
+    return f"{whole} min {rest} s"
+
+
+def suite(entry: dict) -> str:
+    figure = dict(map(tuple, entry["rows"][1:]))
+    return f"{minutes(figure['make test, install included (s)'])} ({figure['tests passed']} tests)"
+
+
+def demo(entry: dict) -> str:
+    return minutes(dict(map(tuple, entry["rows"][1:]))["make demo, installed (s)"])
+
+
+# (what was measured, the entry it was recorded as, how its figure is read from it)
+FIGURES: list[tuple[str, str, Figure]] = [
+    ("detsweep's loop against Keras `model.fit` (same model, data and batch; glibc's malloc)",
+     "train_step", loop_vs_fit),
+    ("a Ray Train worker against the bare loop at 2, 10 and 40 steps per loop (medians of paired runs)",
+     "train_step_loops", ray_train_vs_loop),
+    ("a Ray Train worker's wall-clock rate against its compute-only rate at 2, 10 and 40 steps per loop",
+     "train_step_loops", wall_vs_compute),
+    ("the bare loop beside an idle Ray cluster; beside an idle Ray Train run (against it alone)",
+     "train_step_split", beside),
+    ("a trial's start: Tune starting it → its first training step (median of 3)", "startup_1w", startup),
+    ("the input pipeline (raccoon photos) against what training consumes", "input_pipeline", pipeline),
+    ("live, 16 quickstart configurations: halving's training steps against FIFO's; its best eval/AP_best "
+     "against FIFO's", "early_stopping", halving_live),
+    ("replayed, 20 seeds: share of FIFO's steps and median regret of ASHA from step 40; the quickstart's "
+     "halving; BOHB with HyperBand", "replay_settings", replayed),
+    ("2 CPU workers against 1; 1 worker with XLA against without", "scaling_cpu", scaling),
+    ("tcmalloc against glibc's malloc, the bare loop (median of paired runs); the glibc runs' own spread",
+     "allocator", allocator),
+    ("the cluster's tracking stack: 200 trials' writes over HTTPS, its server restarted twice",
+     "tracking_load", tracking_load),
+    ("the MLflow server with credentials cached 60 s against MLflow's default", "tracking_server",
+     tracking_server),
+    ("`make test` from a clean clone, install included", "suite", suite),
+    ("`make demo` after that (the venv made): the quickstart sweep, 4 trials", "suite", demo),
+]
+
+
+def render_figures(results: dict) -> str:
+    """The table between the markers, one row per figure; "not recorded" where no run is."""
+    lines = [BEGIN, "", "| measured | figure | recorded |", "|---|---|---|"]
+    for what, name, figure in FIGURES:
+        entry = results.get(name)
+        told = (figure(entry), f"`{name}`, {entry['date'][:10]}") if entry else ("not recorded", f"`{name}`")
+        lines.append(f"| {what} | {told[0]} | {told[1]} |")
+    return "\n".join([*lines, "", END])
+
+
+def rewrite(text: str, results: dict) -> str:
+    """``text`` (README) with its figures table rendered anew."""
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + render_figures(results) + text[end:]

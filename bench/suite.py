@@ -1,0 +1,59 @@
+"""The two commands as a new user meets them: ``git clone`` of this repository's last commit
+into a fresh folder, then ``make test`` there (install included), then ``make demo`` (the venv
+already made). A run whose tests all passed is recorded as ``suite``; a failed one records
+nothing and keeps its folder for a look. About 50 minutes on 2 cores, so ``make bench``
+leaves it out: run it alone.
+
+    .venv/bin/python -m bench.suite [--out FILE]
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .common import REPO, Entry, arguments, record
+
+PASSED = re.compile(r"=+ (\d+) passed.* in ([\d.]+)s")
+
+
+def timed(command: list[str], folder: Path, log: Path) -> float:
+    """Seconds ``command`` took in ``folder``, its output appended to ``log``; exits if it failed."""
+    start = time.monotonic()
+    with log.open("a") as out:
+        code = subprocess.run(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise SystemExit(f"bench.suite: {' '.join(command)} failed (exit {code}); nothing recorded, see {log}")
+    return time.monotonic() - start
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0]).parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    folder = Path(tempfile.mkdtemp(prefix="detsweep-suite-"))
+    clone, log = folder / REPO.name, folder / "make.log"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    (folder / "shared").symlink_to(REPO.parent / "shared")  # the datasets, where CI has them too
+    print(f"make test, then make demo, in {clone} (commit {commit}); their output in {log}", flush=True)
+    test = timed(["make", "test"], clone, log)
+    [(passed, pytest_seconds)] = PASSED.findall(log.read_text())[-1:]
+    seed = re.search(r"--randomly-seed=(\d+)", log.read_text())
+    demo = timed(["make", "demo"], clone, log)
+    record("suite", Entry(
+        title="make test and make demo from a clean clone (bench/suite.py)",
+        settings={"commit": commit, "seed": seed.group(1) if seed else "?"},
+        rows=[["figure", "value"], ["make test, install included (s)", round(test)],
+              ["pytest (s)", round(float(pytest_seconds))], ["tests passed", int(passed)],
+              ["make demo, installed (s)", round(demo)]],
+        notes=["One run: the suite's time follows the machine's speed that day more than any one change."],
+    ), args.out)
+    shutil.rmtree(folder)
+
+
+if __name__ == "__main__":
+    main()
