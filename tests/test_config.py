@@ -80,11 +80,7 @@ def test_schedule_and_optimizer_vary_independently(write):
         (MINIMAL, ["scaling.use_gpu=true", "scaling.gpus_per_worker=1.5"],
          "scaling.gpus_per_worker: found 1.5, expected a fraction of one GPU, or whole GPUs"),
         (MINIMAL, ["scaling.use_gpu=true", "scaling.use_tpu=true"], "scaling.use_tpu: found True"),
-        # XLA trains one replica, without the synchronized batch norm (train/step.py)
-        (MINIMAL, ["train.jit_compile=true", "scaling.num_workers=2"],
-         "train.jit_compile: found True, expected false with 2 replicas (XLA trains one replica"),
-        (MINIMAL, ["train.jit_compile=true", "scaling.use_gpu=true", "scaling.gpus_per_worker=2"],
-         "train.jit_compile: found True, expected false with 2 replicas"),
+        # XLA compiles the forward pass without the synchronized batch norm (train/step.py)
         (MINIMAL, ["train.jit_compile=true", "model.use_sync_bn=true"],
          "train.jit_compile: found True, expected false with model.use_sync_bn: true"),
         (MINIMAL, ["data.train.format=coco"], "data.train.annotations: found None, expected a path"),
@@ -136,6 +132,26 @@ def test_cli_config_prints_the_resolved_config():
     assert result.returncode == 0, result.stderr
     lines = [line.strip() for line in result.stdout.splitlines()]
     assert "num_steps: 20" in lines and "moving_average_decay: 0.99" in lines  # whole lines: not 0.9999
+
+
+def test_cli_config_json_prints_the_same_resolved_config_as_one_json_object(capsys):
+    """``--json``: the YAML's tree as JSON, ``--set`` applied and every default filled in (run
+    in this process: the command imports no TensorFlow, and its output is all we read)."""
+    import json
+
+    import yaml
+
+    from detsweep.cli import main
+
+    command = ["config", str(REPO / "configs" / "quickstart.yaml"), "--set", "train.num_steps=20",
+               "--set", "optimizer.learning_rate.total_steps=20", "--set", "optimizer.learning_rate.warmup_steps=2"]
+    assert main(command) == 0
+    as_yaml = yaml.safe_load(capsys.readouterr().out)
+    assert main([*command, "--json"]) == 0
+    as_json = json.loads(capsys.readouterr().out)  # one object, nothing else on stdout
+    assert as_json == as_yaml
+    assert as_json["train"]["num_steps"] == 20  # --set
+    assert as_json["model"]["score_threshold"] == 0.05 and as_json["train"]["evaluation"] == "inline"  # defaults
 
 
 # What Tune keeps of a trial that raised (its error.txt): Ray's traceback, the reason last.

@@ -351,12 +351,7 @@ class TrialConfig(Section):
 
     @model_validator(mode="after")
     def _xla_where_it_compiles(self) -> TrialConfig:
-        # Measured here: with two replicas (logical devices or workers) TensorFlow's collectives
-        # around a replica's XLA function went out of step (mismatched shapes, a crashed worker);
-        # the synchronized batch norm all-reduces inside the forward pass, which XLA cannot hold.
-        if self.train.jit_compile and self.scaling.replicas > 1:
-            raise invalid("train.jit_compile", True, f"false with {self.scaling.replicas} replicas (XLA trains one "
-                          "replica: one worker, one device)")
+        # The synchronized batch norm all-reduces inside the forward pass, which XLA cannot hold.
         if self.train.jit_compile and self.model.use_sync_bn:
             raise invalid("train.jit_compile", True, "false with model.use_sync_bn: true (its all-reduce runs "
                           "inside the forward pass, which XLA cannot compile)")

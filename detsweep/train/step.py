@@ -29,8 +29,8 @@ def make_train_loop(
 ) -> Callable[[Iterator, tf.Tensor], dict[str, tf.Tensor]]:
     """``loop(batches, num_steps)`` → mean loss terms over the steps run, ``steps_run`` and ``finite``.
     ``losses``: :class:`~detsweep.models.retinanet.RetinaNetLosses` (``encode``, then ``terms``);
-    ``jit_compile``: each replica's forward and backward pass compiled by XLA (one replica only:
-    the config refuses more, see ``TrialConfig``)."""
+    ``jit_compile``: each replica's forward and backward pass compiled by XLA (not with a
+    synchronized batch norm, whose all-reduce is inside that pass: the config refuses it)."""
     scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     replicas = strategy.num_replicas_in_sync
 
