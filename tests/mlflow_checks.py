@@ -327,7 +327,8 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
     """``detsweep ui`` in ``cwd`` (the embedded backend there), and Debian's Chromium, headless,
     as a user goes: the experiment's page with the sweep's run, expanded to its trials; the
     sweep's metric and cost as columns (the Columns menu); the best trial's page with its
-    checkpoints; the registered model's page with its champion. Screenshots of each go to ``screenshots``."""
+    checkpoints; the registered model's page with its champion. Screenshots of each go to
+    ``screenshots``, emptied first of an earlier run's, so that the pictures checked are this run's."""
     import os
     import signal
 
@@ -340,6 +341,8 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
     screenshots.mkdir(parents=True, exist_ok=True)
+    for earlier in screenshots.glob("*.png"):
+        earlier.unlink()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     ui = subprocess.Popen([sys.executable, "-m", "detsweep", "ui", "--port", str(port)], cwd=cwd, env=env,
@@ -410,12 +413,13 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
         browser.save_screenshot(str(screenshots / "trial.png"))
 
         registered = report["mlflow"]["registered_model"]
-        if registered:
-            browser.get(f"http://127.0.0.1:{port}/#/models/{registered['name']}")
-            WebDriverWait(browser, 30).until(lambda _: "@ champion" in page())
-            browser.save_screenshot(str(screenshots / "model.png"))
-        for picture in screenshots.glob("*.png"):
-            assert picture.stat().st_size > 10_000, picture
+        assert registered, report["mlflow"]  # the sweep registered its best checkpoint: its page shows the champion
+        browser.get(f"http://127.0.0.1:{port}/#/models/{registered['name']}")
+        WebDriverWait(browser, 30).until(lambda _: "@ champion" in page())
+        browser.save_screenshot(str(screenshots / "model.png"))
+        taken = {picture.name: picture.stat().st_size for picture in screenshots.glob("*.png")}
+        assert set(taken) == {"runs.png", "trial.png", "model.png"}, taken
+        assert all(size > 10_000 for size in taken.values()), taken  # a page, not a blank one
     finally:
         if browser is not None:
             browser.quit()

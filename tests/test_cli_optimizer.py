@@ -2,8 +2,10 @@
 
 import json
 
+import numpy as np
 import pytest
 from matplotlib import image
+from matplotlib.colors import to_rgb
 
 from detsweep.cli import main, parse_steps
 
@@ -29,9 +31,22 @@ def test_text_report_and_plot(tmp_path, capsys):
     assert main(["optimizer", QUICKSTART, "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
     assert "keras.optimizers.SGD" in out and "cosine" in out and "on, decay 0.99 (dynamic warm-up)" in out
-    pixels = image.imread(plot)
+    pixels = image.imread(plot)[..., :3]
     assert pixels.shape[0] > 300 and pixels.shape[1] > 600
-    assert pixels[..., :3].std() > 0.05  # something was drawn
+    # The warm-up (steps 0-30 of 600) shaded: a band of its colour (tab:orange at alpha 0.18 on
+    # white) from the axes' left edge, as wide as 30 steps of the axes' width (their frame's
+    # two long vertical lines bound it).
+    shade = 0.82 + 0.18 * np.array(to_rgb("tab:orange"))
+    band = columns_mostly(np.abs(pixels - shade).max(axis=-1) < 0.02)
+    left, right = columns_mostly(pixels.max(axis=-1) < 0.3)[[0, -1]]
+    assert len(band) > 0 and (band == np.arange(band[0], band[-1] + 1)).all(), band  # one band, unbroken
+    # (the frame's line, a pixel or two wide, is drawn over the band's first columns)
+    assert band[0] - left <= 3 and abs(band[-1] + 1 - left - (right - left) * 30 / 600) <= 2, (left, right, band)
+
+
+def columns_mostly(mask: np.ndarray) -> np.ndarray:
+    """The columns of a picture where ``mask`` holds for more than half the rows."""
+    return np.flatnonzero(mask.mean(axis=0) > 0.5)
 
 
 def test_moving_average_off_reports_no_decay(capsys):

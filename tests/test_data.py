@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import io
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +16,12 @@ import pytest
 from PIL import Image
 
 from detsweep.config import DatasetConfig
-from detsweep.data import Category, describe, format_description, generate_synthetic, load_dataset, write_synthetic
+from detsweep.data import Category, generate_synthetic, load_dataset, write_synthetic
 from detsweep.data.commands import add_data_commands
 from detsweep.data.labelmap import read_label_map
 from detsweep.errors import DetsweepError
 
-from .conftest import RACCOON
+from .conftest import RACCOON, run_cli
 
 RACCOON_XML = RACCOON / "annotations"
 RACCOON_RECORD = RACCOON / "data" / "test.record"
@@ -384,34 +387,122 @@ def test_data_synth_then_inspect_json(tmp_path, capsys):
     assert run_data("synth", "--out", str(out), "--num-images", "6", "--image-size", "48", "--classes", "2",
                     "--seed", "5") == 0
     assert capsys.readouterr().out.strip() == str(out / "annotations.json")
-    assert len(list((out / "images").glob("*.png"))) == 6
+    # the shapes the flags ask for: the generator's pictures for 6 images of 48 px, 2 classes, seed 5
+    written = {digest(path.read_bytes()) for path in (out / "images").glob("*.png")}
+    assert written == {digest(example.encoded) for example in generate_synthetic(6, 48, 2, 5).examples}
     with pytest.raises(DetsweepError, match=f"^{out}: found a non-empty folder"):
         run_data("synth", "--out", str(out))
 
     assert run_data("inspect", "--format", "coco", "--annotations", str(out / "annotations.json"),
                     "--images", str(out / "images"), "--json") == 0
     described = json.loads(capsys.readouterr().out)
-    expected = describe(generate_synthetic(6, 48, 2, 5))
-    for key in ("images", "boxes", "categories", "per_category", "skipped", "crowd_boxes", "image_size", "changes"):
-        assert described[key] == expected[key], key
-    assert described["images"] == 6 and described["categories"] == [{"id": 1, "name": "circle"},
-                                                                      {"id": 2, "name": "square"}]
-    assert sum(described["per_category"].values()) == described["boxes"]
-    assert described["image_size"] == {"min": [48, 48], "max": [48, 48]}
+    assert described["images"] == 6 and facts(described) == coco_facts(out / "annotations.json", out / "images")
+    assert described["categories"] == [{"id": 1, "name": "circle"}, {"id": 2, "name": "square"}]
     assert described["skipped"] == {} and described["changes"] == {}
+    # the same shapes drawn in memory (`--format synthetic`), by the flags given on the command line
+    drawn = run_cli("data", "inspect", "--format", "synthetic", "--num-images", "6", "--image-size", "48",
+                    "--classes", "2", "--seed", "5", "--json", timeout=120)
+    assert drawn.returncode == 0, drawn.stderr
+    assert facts(json.loads(drawn.stdout)) == facts(described)
 
 
 def test_data_inspect_raccoon_voc(capsys):
     assert run_data("inspect", "--format", "voc", "--annotations", str(RACCOON_XML), "--json") == 0
     described = json.loads(capsys.readouterr().out)
-    assert (described["images"], described["boxes"], described["crowd_boxes"]) == (200, 217, 0)
-    assert described["categories"] == [{"id": 1, "name": "raccoon"}]
-    assert described["per_category"] == {"raccoon": 217}
-    assert described["changes"] == {"grayscale_images": 3} and described["skipped"] == {}
+    known = voc_facts(RACCOON_XML, RACCOON / "images")
+    assert known["images"] == 200 and facts(described) == known
+    assert described["crowd_boxes"] == 0 and described["skipped"] == {}
+    grayscale = [path.name for path in (RACCOON / "images").glob("*.jpg") if opened(path).mode == "L"]
+    assert len(grayscale) == 3 and described["changes"] == {"grayscale_images": 3}, grayscale
+    # the table says the same
     assert run_data("inspect", "--format", "voc", "--annotations", str(RACCOON_XML)) == 0
-    table = capsys.readouterr().out
-    assert "raccoon" in table and "3 grayscale images converted to RGB" in table
-    assert table == format_description(described) + "\n"
+    table = capsys.readouterr().out.splitlines()
+    smallest, largest = known["image_size"]["min"], known["image_size"]["max"]
+    assert f"images      200 (height {smallest[0]}–{largest[0]}, width {smallest[1]}–{largest[1]})" in table, table
+    assert re.fullmatch(rf" +1 +raccoon +{known['boxes']}", table[table.index("categories  1") + 3]), table
+    assert "  3 grayscale images converted to RGB" in table
+
+
+def test_data_inspect_reads_a_tfrecord_by_its_label_map_through_the_cli(tmp_path):
+    """The raccoon test split (40 examples, their boxes listed in test_labels.csv), named by a
+    label map of our own: its names, and its category without boxes, are the ones shown."""
+    labels = tmp_path / "labels.pbtxt"
+    labels.write_text("item { id: 1 name: 'raccoon' display_name: 'Procyon lotor' }\nitem { id: 2 name: 'fox' }\n")
+    result = run_cli("data", "inspect", "--format", "tfrecord", "--annotations", str(RACCOON_RECORD),
+                     "--label-map", str(labels), "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    described = json.loads(result.stdout)
+    with (RACCOON / "data" / "test_labels.csv").open() as stream:
+        rows = list(csv.DictReader(stream))
+    sizes = {row["filename"]: (int(row["height"]), int(row["width"])) for row in rows}
+    assert described["images"] == len(sizes) == 40 and described["boxes"] == len(rows)
+    assert described["categories"] == [{"id": 1, "name": "Procyon lotor"}, {"id": 2, "name": "fox"}]
+    assert described["per_category"] == {"Procyon lotor": len(rows), "fox": 0}
+    assert described["image_size"] == size_range(sizes.values())
+
+
+def test_rgba_images_are_converted_to_rgb_with_their_colours(tmp_path):
+    """README: RGBA images are converted. Loading counts them, and the pipeline training and
+    evaluation read through gives each pixel's own red, green and blue, its alpha dropped (not
+    blended into them)."""
+    from detsweep.data.pipeline import evaluation_dataset
+    from detsweep.data.processing import MEAN, STD, InputSpec
+
+    pixels = np.random.default_rng(0).integers(0, 256, (16, 16, 4), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGBA").save(buffer, "PNG")
+    tree = {"images": [{"id": 1, "file_name": "rgba.png", "height": 16, "width": 16}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 2, 8, 8]}],
+            "categories": [{"id": 1, "name": "thing"}]}
+    path = write_coco(tmp_path, tree, {"rgba.png": buffer.getvalue()})
+    loaded = load_dataset(dataset(format="coco", annotations=path, images=tmp_path / "images"))
+    assert loaded.counts == {"rgba_images": 1} and "1 RGBA image: alpha dropped" in loaded.summary_line()
+    [(images, _)] = evaluation_dataset(loaded, InputSpec(image_size=16), batch_size=1)  # 16 px: no resizing
+    assert images.shape == (1, 16, 16, 3)
+    np.testing.assert_allclose(images[0].numpy() * STD + MEAN, pixels[..., :3], atol=1e-3)
+
+
+def digest(data: bytes) -> str:
+    """A short name for a file's bytes, readable in a failure's diff."""
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def facts(described: dict) -> dict:
+    """What a description says about the data itself (not how it was read)."""
+    return {key: described[key] for key in ("images", "boxes", "per_category", "image_size")}
+
+
+def size_range(sizes) -> dict:
+    """``describe``'s image_size from (height, width) pairs."""
+    heights, widths = zip(*sizes)
+    return {"min": [min(heights), min(widths)], "max": [max(heights), max(widths)]}
+
+
+def opened(path: Path) -> Image.Image:
+    """The image at ``path``, its header read (size, mode) and its file closed."""
+    with Image.open(path) as image:
+        return image
+
+
+def coco_facts(annotations: Path, images: Path) -> dict:
+    """A COCO dataset's facts, read here with json and PIL."""
+    tree = json.loads(annotations.read_text())
+    names = {category["id"]: category["name"] for category in tree["categories"]}
+    boxes = Counter(names[annotation["category_id"]] for annotation in tree["annotations"])
+    sizes = [opened(images / image["file_name"]).size[::-1] for image in tree["images"]]
+    return {"images": len(tree["images"]), "boxes": len(tree["annotations"]),
+            "per_category": {name: boxes[name] for name in names.values()}, "image_size": size_range(sizes)}
+
+
+def voc_facts(xml_folder: Path, images: Path) -> dict:
+    """A one-class VOC dataset's facts, read here with ElementTree and PIL."""
+    from xml.etree import ElementTree
+
+    trees = [ElementTree.parse(path) for path in sorted(xml_folder.glob("*.xml"))]
+    names = Counter(name.text for tree in trees for name in tree.iterfind("object/name"))
+    sizes = [opened(images / tree.findtext("filename")).size[::-1] for tree in trees]
+    return {"images": len(trees), "boxes": sum(names.values()), "per_category": dict(names),
+            "image_size": size_range(sizes)}
 
 
 def test_data_inspect_skip_empty_reports_what_was_skipped(coco, capsys):

@@ -33,10 +33,27 @@ def test_average_equals_hand_computation_after_n_steps():
 
 
 def test_batch_norm_statistics_are_averaged_too():
+    """Batch norm's moving mean and variance move in training-mode calls, not by the optimizer;
+    their averages follow them as every weight's does, by hand: average <- 0.5 average + 0.5 value."""
     model = small_model()
+    norm = model.layers[-1]
     ema = MovingAverage.of_model(model, decay=0.5)
-    names = {w.path for w in ema._weights}
-    assert any("moving_mean" in name for name in names) and any("kernel" in name for name in names)
+
+    def statistics() -> dict[str, np.ndarray]:
+        return {"mean": norm.moving_mean.numpy(), "variance": norm.moving_variance.numpy()}
+
+    expected = statistics()
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        before = statistics()
+        model(rng.normal(3.0 * step, 1.0 + step, (8, 3)).astype(np.float32), training=True)
+        ema.update(step)
+        moved = statistics()
+        assert not any(np.allclose(moved[key], before[key]) for key in moved)  # the batch moved both
+        expected = {key: 0.5 * expected[key] + 0.5 * moved[key] for key in expected}
+    with ema.averaged_weights():
+        np.testing.assert_allclose(norm.moving_mean.numpy(), expected["mean"], rtol=1e-6)
+        np.testing.assert_allclose(norm.moving_variance.numpy(), expected["variance"], rtol=1e-6)
 
 
 def test_dynamic_decay_warms_up_then_caps():

@@ -8,6 +8,7 @@ each fine-tune is a real Ray Train run that downloads the checkpoint from MLflow
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import tempfile
 from pathlib import Path
@@ -121,6 +122,12 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     assert run.data.params["train.fine_tune.checkpoint"] == out["source"]["checkpoint"]
     assert run.data.params["train.fine_tune.keep_optimizer_state"] == "true"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [200]
+    # the schedule was stretched: the last step (199) trained at the cosine's rate one step
+    # before 0 at the new end, 200 (the old end, 150, would have made it 0), by hand from the
+    # source's rate (0.04) and warm-up (2 steps, tiny_sweep)
+    [lr] = client.get_metric_history(run.info.run_id, "train/lr")
+    assert lr.step == 200 and lr.value == pytest.approx(0.5 * 0.04 * (1 + math.cos(math.pi * (199 - 2) / (200 - 2))),
+                                                        rel=1e-2), lr
     plan = json.loads(Path(client.download_artifacts(run.info.run_id, "warm_start.json", str(tmp_path))).read_text())
     assert plan["fresh"] == [] and "conv1_conv/kernel" in plan["restored"]
     assert {"config.yaml", "warm_start.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -16,7 +16,9 @@ def test_weights_from_a_keras_hub_preset_directory(tmp_path):
     model, _ = build_model(ModelConfig(weights=str(tmp_path / "preset"), max_level=5), num_classes=2)
     loaded = model.backbone.image_encoder
     assert type(loaded) is type(encoder)
-    for saved, restored in zip(encoder.weights, loaded.weights):
+    # every weight, each in its place: the same names in the same order, then the same values
+    assert [w.path for w in loaded.weights] == [w.path for w in encoder.weights]
+    for saved, restored in zip(encoder.weights, loaded.weights, strict=True):
         np.testing.assert_array_equal(saved.numpy(), restored.numpy())
 
 

@@ -9,6 +9,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ray
 from ray import tune
@@ -89,6 +90,8 @@ def test_asha_decides_on_its_own_metric_and_mode_not_on_the_objective(local_ray,
 
 
 def test_tpe_optimises_the_objective_while_asha_stops_on_the_loss(local_ray, write, tmp_path):
+    """Each trial reports its rate as its loss (min) and as its AP (max), so the two pull apart:
+    TPE, told results, suggests higher rates; ASHA stops the trials of higher rates."""
     sweep = sweep_with(write, tmp_path, f"""
   algorithm: optuna
   seed: 0
@@ -97,10 +100,50 @@ def test_tpe_optimises_the_objective_while_asha_stops_on_the_loss(local_ray, wri
   space:
     {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
 """)
-    built = searcher(sweep, 1).searcher, scheduler(sweep)
-    assert (built[0].metric, built[0].mode, built[1].metric) == ("eval/AP_best", "max", "train/loss")
+    # TPE as the sweep builds it, told each trial's last result as Tune tells it: Optuna's first 10
+    # draws are random, the next 10 its model's, which go where the AP was high (on the loss: low)
+    rates = tpe_suggestions(sweep, 20, lambda rate: {"step": 40, "train/loss": rate, "eval/AP_best": rate})
+    assert np.median(rates[10:]) > np.median(rates[:10]), rates
+
     results = build_tuner(sweep, 1, RunLink("sqlite:///unused.db", "0", None), runs=lr_reported).fit()
     assert not results.errors and len(results) == 3  # Tune accepted the two metrics (it refuses a mix-up)
+    # one trial at a time, in the order of Tune's results: where each ended is ASHA's rule on the loss
+    losses = [swept_values(result.config, [LR])[LR] for result in results]
+    on_the_loss = asha_ends_one_at_a_time(losses)
+    assert on_the_loss != asha_ends_one_at_a_time([-loss for loss in losses])  # on the AP it would differ
+    assert [result.metrics["step"] for result in results] == on_the_loss, losses
+
+
+def tpe_suggestions(sweep, trials: int, result_of) -> list[float]:
+    """The rates the sweep's searcher suggests, one trial at a time, each trial completed with
+    ``result_of(rate)`` before the next is asked for (through Tune's searcher interface)."""
+    search = searcher(sweep, 1)
+    # Tune hands the searcher no metric when the scheduler has its own: it has the objective already
+    search.set_search_properties(None, None, param_space(sweep, RunLink("sqlite:///unused.db", "0", None)))
+    rates = []
+    for trial_id in map(str, range(trials)):
+        [rate] = swept_values(search.suggest(trial_id), [LR]).values()
+        search.on_trial_complete(trial_id, result_of(rate))
+        rates.append(rate)
+    return rates
+
+
+def asha_ends_one_at_a_time(losses: list[float], rungs: tuple[int, ...] = (10, 20), last: int = 40) -> list[int]:
+    """Where ASHA (minimising, reduction factor 2) ends trials of constant ``losses`` that run one
+    after another: each stops at the first rung where its loss is above the median of the
+    losses recorded there before it (Tune's cutoff), else reaches ``last``."""
+    recorded: dict[int, list[float]] = {rung: [] for rung in rungs}
+    ends = []
+    for loss in losses:
+        end = last
+        for rung in rungs:
+            before = list(recorded[rung])
+            recorded[rung].append(loss)
+            if before and loss > np.percentile(before, 50):
+                end = rung
+                break
+        ends.append(end)
+    return ends
 
 
 HAND_MADE = {  # rate: (loss at every step, AP at steps 10, 20, 30, 40)

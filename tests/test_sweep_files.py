@@ -1,6 +1,9 @@
 """Sweep files: what validates, what fails before anything starts, and how many trials a grid makes."""
 
+import ipaddress
 import json
+import re
+import shlex
 import sys
 
 import pytest
@@ -11,8 +14,10 @@ from detsweep.sweeps.launch import validation_report
 from detsweep.sweeps.resources import Capacity, NodeType, this_machine
 
 from .conftest import REPO, run_bounded, run_cli
+from .test_cluster_sweeps import coco_in_bucket
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+CLUSTER_FILE = REPO / "ray_cluster.yaml"
 BASE = "base: {from: %s}\n" % (REPO / "configs" / "quickstart.yaml")
 
 
@@ -21,12 +26,37 @@ def sweep_file(write, search: str, name: str = "s") -> str:
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
-def test_every_shipped_sweep_validates(path, s3):
-    # coco_gpu.yaml's data is in a bucket: it is looked for on the tests' S3 server, never AWS's
-    result = run_cli("validate", str(path), "--json", env=s3.env)
+def test_every_shipped_sweep_validates(path, s3, tmp_path):
+    """Each against what it is meant for: coco_gpu.yaml against the cluster file's node types
+    (where a misfit or missing data is an error, not a note), with its data on the tests' S3
+    server where the file names it (never AWS's); the others against this machine."""
+    on_the_cluster = path.name == "coco_gpu.yaml"
+    if on_the_cluster:
+        coco_in_bucket(s3, tmp_path)
+    cluster = ["--cluster-config", str(CLUSTER_FILE)] if on_the_cluster else []
+    result = run_cli("validate", str(path), *cluster, "--json", env=s3.env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["trials"] >= 1 and len(report["samples"]) == min(5, report["trials"])
+    assert report["notes"] == []  # it fits, and its data is there: nothing left unchecked
+    if on_the_cluster:
+        assert report["sized_against"] == CLUSTER_FILE.name
+        assert report["trials_at_once"] == trials_the_cluster_file_holds(load_sweep(path)) > 0
+    else:
+        assert report["sized_against"] == "this machine"
+
+
+def trials_the_cluster_file_holds(sweep) -> int:
+    """By hand, from ray_cluster.yaml: how many of ``sweep``'s trials its GPU nodes hold at
+    once (the 0-CPU head holds none), each node as many workers as its GPUs and CPUs allow."""
+    import yaml
+
+    cluster = yaml.safe_load(CLUSTER_FILE.read_text())
+    node = cluster["available_node_types"]["gpu_worker"]
+    nodes = min(node["max_workers"], cluster["max_workers"])
+    scaling = sweep.base.scaling
+    per_node = min(node["resources"]["GPU"] // scaling.gpus_per_worker, node["resources"]["CPU"] // scaling.cpus_per_worker)
+    return int(nodes * per_node // scaling.num_workers)
 
 
 def test_grid_trial_count_collapses_parameters_a_choice_does_not_use(write):
@@ -286,14 +316,30 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     import yaml
     from ray.autoscaler._private.util import prepare_config, validate_config
 
-    config = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())
+    config = yaml.safe_load(CLUSTER_FILE.read_text())
     validate_config(prepare_config(config))  # what `ray up` checks, with its defaults filled in
     assert config["provider"]["type"] == "aws"
-    public = config["provider"]["security_group"]["IpPermissions"]
-    assert [(rule["FromPort"], rule["ToPort"]) for rule in public] == [(22, 22)]  # only SSH, from one range
-    assert all(r["CidrIp"] != "0.0.0.0/0" for rule in public for r in rule["IpRanges"])
+    # From outside the security group: SSH alone, from one network's range. Its members reach
+    # each other on every port (Ray adds that rule), so Ray's and MLflow's ports stay inside.
+    [rule] = config["provider"]["security_group"]["IpPermissions"]
+    assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 22, 22)
+    assert set(rule) == {"IpProtocol", "FromPort", "ToPort", "IpRanges"}  # no IPv6 range, prefix list or group
+    [allowed] = [ipaddress.ip_network(r["CidrIp"]) for r in rule["IpRanges"]]
+    assert allowed.prefixlen >= 16, allowed  # an office's or a VPN's range, not the internet
+    # the containers share their node's network and publish no port past the group
+    docker = [word for option in config["docker"]["run_options"] + config["docker"]["worker_run_options"]
+              for word in shlex.split(option)]
+    assert not [word for word in docker if word in ("-P", "--publish-all") or word.startswith(("-p", "--publish"))]
+    # `ray start` on each node, as Ray reads its options: the dashboard (and the Jobs API behind
+    # it) on the head's loopback only, reached through `ray dashboard`'s SSH tunnel; token
+    # authentication for every Ray connection, in the raylets' and the containers' environment
+    head, head_env = ray_start(config["head_start_ray_commands"])
+    worker, worker_env = ray_start(config["worker_start_ray_commands"])
+    assert head["head"] and not worker["head"]
+    assert ipaddress.ip_address(head["dashboard_host"]).is_loopback, head["dashboard_host"]
+    assert head_env["RAY_AUTH_MODE"] == worker_env["RAY_AUTH_MODE"] == "token"
+    assert ["--env", "RAY_AUTH_MODE=token"] in [shlex.split(option) for option in config["docker"]["run_options"]]
     head = " ".join(config["head_start_ray_commands"])
-    assert "--dashboard-host=127.0.0.1" in head and "RAY_AUTH_MODE=token" in head
     # MLflow behind basic auth over HTTPS, started by the repository's script (tests/mlflow_checks.py
     # runs these very command lines), its certificate made on the head, its head secret in Secrets Manager
     authority = "/home/ray/detsweep/cluster/tls/ca.crt"
@@ -313,16 +359,51 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
         [starts_ray] = [c for c in commands if "ray start" in c]
         assert f"export MLFLOW_TRACKING_URI={uri} MLFLOW_TRACKING_SERVER_CERT_PATH={authority}" in starts_ray
         assert "python -m detsweep.tracking.credentials /home/ray/.detsweep/mlflow.env -- ray start" in starts_ray
-    assert "RAY_AUTH_MODE=token" in " ".join(config["worker_start_ray_commands"])
     assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}  # training never on the head
     # what a g5.2xlarge holds, declared so that a sweep is sized before `ray up`
     assert config["available_node_types"]["gpu_worker"]["resources"] == {"CPU": 8, "GPU": 1}
-    # a setup that fails fails the node: nothing swallows an error, and apt knows its lists first
+    # a setup that fails fails the node: nothing swallows an error, and an apt install (if any)
+    # comes after apt's lists were updated, by an earlier command or its own
     setup = config["setup_commands"]
     assert not any("||" in command for command in setup)
-    installs = [i for i, command in enumerate(setup) if "apt-get install" in command]
-    assert installs and any("apt-get update" in command for command in setup[:installs[0]])
+    for at, command in enumerate(setup):
+        if "apt-get install" in command:
+            assert any("apt-get update" in earlier for earlier in setup[:at + 1]), command
     assert "~/.ray/auth_token" in config["file_mounts"].values()
+
+
+def ray_start(commands: list[str]) -> tuple[dict, dict[str, str]]:
+    """The options of the ``ray start`` among a node's start ``commands``, as Ray's own command
+    line parses them, and the variables set before it in the same command (Ray runs each
+    command in a shell of its own, so only those reach it)."""
+    from ray.scripts.scripts import start
+
+    found = []
+    for command in commands:
+        env: dict[str, str] = {}
+        for words in simple_commands(command):
+            assigns = words[1:] if words[:1] == ["export"] else words  # `export A=1` or `A=1 ray start`
+            env.update(word.split("=", 1) for word in assigns if re.fullmatch(r"[A-Za-z_]\w*=.*", word))
+            at = next((i for i in range(len(words) - 1) if words[i:i + 2] == ["ray", "start"]), None)
+            if at is not None:
+                found.append((start.make_context("ray start", words[at + 2:]).params, env))
+    [options] = found
+    return options
+
+
+def simple_commands(command: str) -> list[list[str]]:
+    """A shell command line's commands (split at ``;``), each as its words. (A command
+    substitution, ``$(…)``, comes out in pieces: only ``NAME=value`` words and ``ray start``'s
+    own are read.)"""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";")
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for word in lexer:
+        if word == ";":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return [words for words in commands if words]
 
 
 def test_a_gpu_worker_node_installs_tensorflows_cuda_libraries_and_fails_its_start_where_tensorflow_sees_no_gpu():
