@@ -31,6 +31,6 @@ def add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
 
 
 def add_verbose(parser: argparse.ArgumentParser) -> None:
-    """``--verbose``: Ray's, Tune's and TensorFlow's own lines on the terminal too."""
+    """``--verbose``: Ray's, Tune's and TensorFlow's own lines on the terminal instead of a log."""
     parser.add_argument("--verbose", action="store_true",
-                        help="show Ray's, Tune's and TensorFlow's own output here, not only in the run's logs/ file")
+                        help="show Ray's, Tune's and TensorFlow's own output here instead of in the run's logs/ file")

@@ -198,6 +198,21 @@ def test_a_restart_after_rank_0_said_why_it_failed_gets_a_say_of_its_own():
     assert [m["step"] for m, _ in in_step_order(arrived)] == [1, 2]
 
 
+def test_detsweep_train_says_when_ray_train_restarts_its_workers_and_why(capsys):
+    """``detsweep train`` hears of failed workers through :class:`ConsoleNotes`: one line on its
+    console for each restart, with the reason Ray Train gave (``ForwardReports`` puts it on the
+    queue; a sweep's trials note it on their MLflow run instead, ``test_cluster_sweeps.py``)."""
+    from detsweep.trainables.trainer import ConsoleNotes
+
+    arrived = queue.Queue()
+    for item in [loop(1), loop(2, milestone=True), report(2), WorkersFailed("ActorDiedError: the worker died"),
+                 loop(3), RunEnded()]:
+        arrived.put(item)
+    assert [m["step"] for m, _ in in_step_order(arrived, notes=ConsoleNotes())] == [1, 2, 3]
+    assert capsys.readouterr().out == ("workers failed: ActorDiedError: the worker died (Ray Train restarts them from "
+                                       "the last checkpoint while scaling.max_failures allows)\n")
+
+
 @pytest.fixture(scope="module")
 def ray_queue():
     """A real Ray queue on a small local cluster of this test module's own."""

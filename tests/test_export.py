@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +168,23 @@ def test_the_saved_model_scores_the_ap_that_trainings_evaluation_scores(request,
 AP_TOLERANCE = 0.005  # float noise moves a few low-scored detections across an IoU threshold
 
 
+def test_eval_of_a_checkpoint_evaluates_the_config_its_set_overrides_make(checkpoint, evaluation, capsys):
+    """``detsweep eval --checkpoint DIR --set …``: the override reaches the model evaluated. A
+    score threshold of 1 keeps no detection, so every score of both weights is 0, where the
+    checkpoint as saved finds objects (its own evaluation above)."""
+    from detsweep.cli import main
+
+    val_set, training_detections = evaluation
+    assert evaluate_detections(val_set.to_coco(), training_detections["eval_ema"])["AR100"] > 0
+    assert main(["eval", "--checkpoint", str(checkpoint), "--set", "model.score_threshold=1.0", "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["step"] == STEPS
+    for prefix in ("eval", "eval_ema"):
+        assert {name: metrics[f"{prefix}/{name}"] for name in ("AP", "AP50", "AR100")} == {
+            "AP": 0.0, "AP50": 0.0, "AR100": 0.0}, metrics
+        assert metrics[f"{prefix}/loss"] > 0  # the val set was scored, before any threshold
+
+
 def decoded(example: Example) -> np.ndarray:
     """The example's pixels as training's input pipeline decodes them (TensorFlow's JPEG decoder,
     which may differ from Pillow's by a level)."""
@@ -241,8 +260,6 @@ def test_predict_from_a_checkpoint_keeps_what_scores_at_least_min_score(checkpoi
 
 
 def test_an_export_from_an_mlflow_run_is_logged_to_that_run(checkpoint, tmp_path, monkeypatch, capsys):
-    import time
-
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
@@ -272,6 +289,35 @@ def test_export_refuses_a_folder_that_is_not_empty(checkpoint, tmp_path):
         detsweep("export", "--from", f"checkpoint:{checkpoint}", "--out", str(out))
     assert str(error.value) == f"{out}: already exists and is not an empty folder; expected a new or empty folder"
     assert [p.name for p in tmp_path.iterdir()] == ["taken"] and [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_an_export_that_fails_part_way_leaves_nothing_of_its_own(checkpoint, tmp_path):
+    """An export is written into a hidden folder beside ``--out`` and renamed at the end. Here it
+    fails at that last step, its model written whole: another process put a file into the empty
+    ``--out`` meanwhile (a thread of this test, once the hidden folder appears). What the
+    export wrote goes; ``--out`` keeps what the other process put there, and nothing else."""
+    out = tmp_path / "export"
+    out.mkdir()
+    started, done = threading.Event(), threading.Event()
+
+    def write_into_out_once_the_export_writes() -> None:
+        while not done.is_set():
+            if list(tmp_path.glob(".export.*")):
+                (out / "notes.txt").write_text("mine")
+                started.set()
+                return
+            time.sleep(0.005)
+
+    intruder = threading.Thread(target=write_into_out_once_the_export_writes, daemon=True)
+    intruder.start()
+    try:
+        with pytest.raises(OSError):
+            detsweep("export", "--from", f"checkpoint:{checkpoint}", "--out", str(out))
+    finally:
+        done.set()
+        intruder.join()
+    assert started.is_set()
+    assert [p.name for p in tmp_path.iterdir()] == ["export"] and [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
 def test_export_names_a_checkpoint_that_is_not_there(tmp_path):

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -253,6 +254,33 @@ def test_detsweep_ui_names_a_tracking_server():
     assert secure.stdout.strip() == "MLflow: https://tracking.internal:5000 (a browser trusts it once it trusts /certs/ca.crt)"
 
 
+def test_detsweep_ui_with_a_config_runs_mlflow_ui_on_the_configs_tracking_uri(tmp_path, write):
+    """``ui --config FILE``: the process becomes ``mlflow ui`` on the config's sqlite file and its
+    artifact folder, at ``--port``. What it runs is read from the process itself once it has
+    exec'd; it is then stopped, before it serves (the ASHA sweep test opens a served one)."""
+    import psutil
+
+    from .conftest import cli_environment, kill_session, time_left
+
+    database = tmp_path / "runs" / "ui.db"
+    config = write("trial.yaml", f"optimizer: {{type: momentum}}\ntracking: {{uri: 'sqlite:///{database}'}}\n")
+    port = str(free_port())
+    ui = subprocess.Popen([sys.executable, "-m", "detsweep.cli", "ui", "--config", str(config), "--port", port],
+                          cwd=tmp_path, env=cli_environment(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + time_left(60)
+        while "mlflow" not in (running := psutil.Process(ui.pid).cmdline()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        kill_session(ui)
+        said = ui.communicate()[0].splitlines()[:1]  # its line, printed just before the exec
+    expected = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{database}", "--port", port,
+                "--artifacts-destination", (database.parent / "mlartifacts").as_uri()]
+    assert running == expected
+    assert said == [f"MLflow: http://127.0.0.1:{port} ({' '.join(expected)})"]
+
+
 def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
     import io
 
@@ -285,11 +313,12 @@ def test_the_picture_survives_boxes_far_outside_the_image():
     assert detections_picture(val_set, wild, count=1).startswith(b"\x89PNG")
 
 
-def test_the_sweep_run_goes_to_the_named_experiment_and_a_launch_never_reopens_an_earlier_sweeps_run(tmp_path):
+def test_the_sweep_run_goes_to_the_named_experiment_tagged_with_its_version_and_commit_and_is_never_reopened(tmp_path):
     """A launch whose results folder was deleted (its sweep.yaml gone, so not refused) gets a
     new parent run: the earlier sweep's trials.csv, pictures and best stay as they were."""
     from mlflow import MlflowClient
 
+    import detsweep
     from detsweep.sweeps.experiment import as_run
     from detsweep.sweeps.spec import load_sweep
 
@@ -305,6 +334,12 @@ def test_the_sweep_run_goes_to_the_named_experiment_and_a_launch_never_reopens_a
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on training runs
     run = client.get_run(first.parent_run_id)
     assert run.info.run_name == "quickstart" and run.data.tags["detsweep.results_path"] == results
+    # what ran, for whoever reads the run later: the search, detsweep's version, the checkout's commit
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert {key: run.data.tags.get(key) for key in ("detsweep.sweep", "detsweep.algorithm", "detsweep.scheduler",
+                                                    "detsweep.version", "mlflow.source.git.commit")} == {
+        "detsweep.sweep": "quickstart", "detsweep.algorithm": "random", "detsweep.scheduler": "halving",
+        "detsweep.version": detsweep.__version__, "mlflow.source.git.commit": commit.stdout.strip()}
     assert run.data.params["space.optimizer.moving_average_decay"] == "{values: [0.99, 0.995]}"
     assert {a.path for a in client.list_artifacts(first.parent_run_id)} == {"sweep.yaml", "base_config.yaml"}
 

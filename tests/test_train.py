@@ -262,15 +262,17 @@ def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_
     assert flow["in_order"] == [[step, step % 10 == 0, step % 10 == 0] for step in range(1, 31)]
 
 
-def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it(tmp_path):
+def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it_and_verbose_shows_ray(tmp_path):
     """Four good loops of one step, then a learning rate of 1e12: the process says why it
     failed, and each loop before the failure still reached the driver (none is left behind in
     the worker's sender when its training stops). Ray Train did not restart the workers
-    (``scaling.max_failures`` is 2): from their checkpoint they would only diverge again."""
+    (``scaling.max_failures`` is 2): from their checkpoint they would only diverge again.
+    ``--verbose``: what Ray and its workers print comes to the console, beside detsweep's
+    lines, instead of into a log (the two-worker test above holds the default)."""
     result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
                      "--set", "train.num_steps=12", "--set", "train.steps_per_loop=1", "--set", "train.eval_every=12",
                      "--set", "train.checkpoint_every=12",
-                     "--storage", str(tmp_path / "ray"),
+                     "--storage", str(tmp_path / "ray"), "--verbose",
                      "--set", "optimizer.learning_rate={type: manual_step, initial_learning_rate: 0.01, "
                                   "schedule: [{step: 4, learning_rate: 1.0e+12}]}")
     assert result.returncode == 1, result.stderr[-3000:]
@@ -281,6 +283,9 @@ def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_b
     assert trained >= 4
     assert "workers failed" not in result.stdout, result.stdout[-3000:]
     assert [int(m[1]) for m in LINE.finditer(result.stdout)] == list(range(1, trained + 1))
+    console = result.stdout + result.stderr
+    assert "(RayTrainWorker pid=" in console and foreign_lines(result.stdout, result.stderr), console[-3000:]
+    assert "logs: " not in console and not list((tmp_path / "ray").glob("*/logs")), console[-3000:]
 
 
 def test_mixed_float16_trains_with_dynamic_loss_scaling(tmp_path):
@@ -313,15 +318,18 @@ def test_mixed_float16_trains_with_dynamic_loss_scaling(tmp_path):
     assert 1 <= applied <= 12 and value == 2.0**15 / 2 ** (12 - applied), (applied, value)
 
 
-def test_an_async_evaluation_that_fails_puts_its_reason_on_the_runs_queue(tmp_path):
+def test_an_async_evaluation_that_fails_ends_the_training_with_its_reason(tmp_path):
     """The evaluation task, in this process: a checkpoint it cannot read is the run's failure,
-    with the step and the one-line reason, before Ray Train hears of the task's error."""
+    with the step and the one-line reason, put on the run's queue before Ray Train hears of the
+    task's error. The merge reading that queue then ends with the reason, as the RunError that
+    ``stream_training`` returns as the training's failure, as it does a diverged training's (the
+    diverging tests follow that to a failed trial and to ``detsweep train``'s exit code 1)."""
     import queue
 
     import ray.train
 
     from detsweep.config import ScalingConfig
-    from detsweep.trainables.channel import EvaluationFailed
+    from detsweep.trainables.channel import EvaluationFailed, RunEnded, RunError, in_step_order
     from detsweep.trainables.evaluator import evaluate_reported
 
     (tmp_path / "meta.json").write_text(json.dumps({"step": 40, "categories": []}))
@@ -329,7 +337,10 @@ def test_an_async_evaluation_that_fails_puts_its_reason_on_the_runs_queue(tmp_pa
     with pytest.raises(Exception, match="not a detsweep checkpoint"):
         evaluate_reported(ray.train.Checkpoint.from_directory(str(tmp_path)), reports=reports, settled=None,
                           pictures=False, scaling=ScalingConfig())
-    failed = reports.get_nowait()
-    assert isinstance(failed, EvaluationFailed) and failed.step == 40
-    assert failed.reason == f"{tmp_path} is not a detsweep checkpoint (expected config.yaml and ckpt.index in it)"
-    assert reports.empty()
+    reason = f"{tmp_path} is not a detsweep checkpoint (expected config.yaml and ckpt.index in it)"
+    [failed] = list(reports.queue)
+    assert isinstance(failed, EvaluationFailed) and (failed.step, failed.reason) == (40, reason)
+    reports.put(RunEnded())
+    with pytest.raises(RunError) as ended:
+        list(in_step_order(reports))
+    assert str(ended.value) == f"the evaluation of step 40 failed: {reason}"

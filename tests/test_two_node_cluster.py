@@ -5,6 +5,7 @@ own node. The cluster is started once for this module; its tests run different s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -46,8 +47,12 @@ class TwoNodes:
         import ray
         from ray.cluster_utils import Cluster
 
+        from detsweep.tracking.backend import NO_TELEMETRY
+
         dashboard_port = free_port()
         with mock.patch.dict(os.environ, self.node_env):  # what each raylet, and so its workers, inherits
+            for name in NO_TELEMETRY:  # a trial holds the telemetry choice only if its launch passed it on
+                os.environ.pop(name, None)
             # Each node's dashboard agent on a port of its own: both would take Ray's default (52365),
             # the loser serves no HTTP, and ``ray job submit`` finds no agent when the head's lost.
             self._cluster = Cluster(initialize_head=True, head_node_args={
@@ -121,11 +126,13 @@ print(len(ray.nodes()), ray.get(Probe.options(lifetime="detached").remote().live
     assert (own.stdout.splitlines()[-1], joined.stdout.splitlines()[-1]) == ("1 True", f"{len(cluster.nodes)} True")
 
 
-def test_an_optuna_sweep_by_address_runs_on_both_nodes_logs_to_the_cluster_files_tracking_server_and_outlives_the_cluster(
+def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_files_tracking_server_and_outlives_the_cluster(
         cluster, tracking_stack, tmp_path, monkeypatch):
-    """A seeded TPE search, logged to the tracking server started as ``ray_cluster.yaml`` starts
-    it (HTTPS with the head's certificate, basic auth, detsweep's user made from the trials'
-    file, the head's secret from Secrets Manager; runs in PostgreSQL, artifacts in a bucket):
+    """A seeded TPE search, launched on the cluster ``RAY_ADDRESS`` names with MLflow's telemetry
+    off (``DO_NOT_TRACK``, which reaches every trial's processes), logged to the tracking server
+    started as ``ray_cluster.yaml`` starts it (HTTPS with the head's certificate, basic auth,
+    detsweep's user made from the trials' file, the head's secret from Secrets Manager; runs in
+    PostgreSQL, artifacts in a bucket):
     nobody gets in without credentials, no client without the certificate; detsweep's
     credentials reach the trials on both nodes through each raylet's environment, and no
     secret shows in Ray's State API, in Ray's, MLflow's or detsweep's logs, or in any param,
@@ -175,12 +182,17 @@ def test_an_optuna_sweep_by_address_runs_on_both_nodes_logs_to_the_cluster_files
 
     for name, value in right.items():  # for this test's own MlflowClient
         monkeypatch.setenv(name, value)
+    # The cluster named by RAY_ADDRESS (as a job on the head finds it), and the telemetry choice
+    # made where it launches: both reach every trial, on either node.
     seen = watch_train_worker_nodes()
-    result, report = launch_json(str(sweep), "--address", cluster.address, cwd=tmp_path, env=right)
+    result, report = launch_json(str(sweep), cwd=tmp_path,
+                                 env={**right, "RAY_ADDRESS": cluster.address, "DO_NOT_TRACK": "true"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "detsweep: sizing trials against the nodes alive now: no cluster config was found" in result.stderr
     assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
-    assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes
+    assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes of this cluster
+    assert {kind for kind, _ in seen.do_not_track} == {"ImplicitFunc", "RayTrainWorker"}, seen.do_not_track
+    assert set(seen.do_not_track.values()) == {"true"}, seen.do_not_track
     assert report["mlflow"]["tracking_uri"] == uri
     check_mlflow_runs(report, num_steps=10, every=2)  # logged from both nodes, the best model registered
     for secret_value in secret_values(secret):
@@ -404,10 +416,15 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
 
 
 class watch_train_worker_nodes:
-    """Polls Ray's state API in the background for the nodes that run Ray Train workers."""
+    """Polls Ray's state API in the background for the nodes that run Ray Train workers, and
+    reads ``DO_NOT_TRACK`` (MLflow's telemetry off) in the environment of each trial's processes
+    (Tune's trial actor, its Ray Train workers): ``do_not_track``, by class name and pid."""
+
+    TRIAL_PROCESSES = ("ImplicitFunc", "RayTrainWorker")  # Tune names a function trainable's class so
 
     def __init__(self):
         self.nodes: set[str] = set()
+        self.do_not_track: dict[tuple[str, int], str | None] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -417,13 +434,24 @@ class watch_train_worker_nodes:
 
         while not self._done.is_set():
             try:
-                actors = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
-                self.nodes.update(actor.node_id for actor in actors)
+                actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
             except Exception:  # the state API can be briefly unavailable; the next poll will do
-                pass
+                actors = []
+            for actor in actors:
+                if actor.class_name == "RayTrainWorker":
+                    self.nodes.add(actor.node_id)
+                if actor.class_name in self.TRIAL_PROCESSES and (actor.class_name, actor.pid) not in self.do_not_track:
+                    with contextlib.suppress(OSError):  # it ended since
+                        self.do_not_track[actor.class_name, actor.pid] = environment_of(actor.pid).get("DO_NOT_TRACK")
             self._done.wait(1.0)
 
     def stop(self) -> set[str]:
         self._done.set()
         self._thread.join()
         return self.nodes
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """The environment of process ``pid`` (every node of this module's cluster runs on this machine)."""
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)

@@ -46,10 +46,30 @@ def results_of(experiment: Path) -> dict[str, list[dict]]:
 
 
 def launch_json(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    """``detsweep launch … --json`` in ``cwd``: MLflow's embedded default lands there."""
+    """``detsweep launch … --json`` in ``cwd``: MLflow's embedded default lands there. Its one
+    line holds exactly the keys README lists."""
     result = run_cli("launch", *args, "--json", cwd=cwd, env=env)
     assert result.stdout.count("\n") == 1, f"--json must print one line, got:\n{result.stdout[-2000:]}"
-    return result, json.loads(result.stdout)
+    report = json.loads(result.stdout)
+    check_launch_keys(report)
+    return result, report
+
+
+LAUNCH_KEYS = {"name", "path", "metric", "mode", "trials", "best", "mlflow", "cost"}
+TRIAL_KEYS = {"trial_id", "status", "metrics", "config", "checkpoint", "error", "mlflow_run_id", "cost"}
+MLFLOW_KEYS = {"tracking_uri", "experiment_id", "parent_run_id", "registered_model"}
+REGISTERED_KEYS = {"name", "version", "model_uri", "champion"}
+COST_KEYS = {"cost/cpu_hours", "cost/gpu_hours"}
+
+
+def check_launch_keys(report: dict) -> None:
+    """The keys of ``launch --json``, no more and no fewer (README, ``detsweep launch``)."""
+    assert set(report) == LAUNCH_KEYS and set(report["cost"]) == COST_KEYS, sorted(report)
+    for trial in report["trials"] + ([report["best"]] if report["best"] else []):
+        assert set(trial) == TRIAL_KEYS and set(trial["cost"]) == COST_KEYS, sorted(trial)
+    assert set(report["mlflow"]) == MLFLOW_KEYS, sorted(report["mlflow"])
+    registered = report["mlflow"]["registered_model"]
+    assert registered is None or set(registered) == REGISTERED_KEYS, sorted(registered)
 
 
 def lr_of(trial: dict) -> float:
