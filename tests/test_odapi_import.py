@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 
 from detsweep.config import load_trial_config
 from detsweep.config.odapi import import_pipeline
@@ -88,3 +89,119 @@ def test_odapi_file_works_with_the_optimizer_command():
     report = json.loads(result.stdout)
     assert report["optimizer"] == "RMSprop"
     assert report["learning_rate"] == pytest.approx([0.004, 0.004 * 0.95], rel=1e-6)
+
+
+# OD API preprocessing steps detsweep does not have, with their own fields set, and a TrainConfig
+# field (max_number_of_boxes) that detsweep's table of OD API fields does not declare at all.
+AUGMENTING_PIPELINE = """
+model { ssd { num_classes: 2 } }
+train_config {
+  batch_size: 8
+  num_steps: 1000
+  max_number_of_boxes: 100
+  optimizer { adam_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.001 } } } }
+  data_augmentation_options { random_horizontal_flip { } }
+  data_augmentation_options { random_square_crop_by_scale { scale_min: 0.6 scale_max: 1.3 } }
+  data_augmentation_options { random_absolute_pad_image { max_height_padding: 200 max_width_padding: 200 } }
+  data_augmentation_options { random_crop_image { min_object_covered: 0.0 min_aspect_ratio: 0.75 } }
+  data_augmentation_options { random_adjust_brightness { max_delta: 0.2 } }
+}
+"""
+
+
+def test_import_odapi_names_every_augmentation_and_unknown_field_it_leaves_out(write):
+    result = run_cli("import-odapi", str(write("augmenting.config", AUGMENTING_PIPELINE)))
+    assert result.returncode == 0, result.stderr
+    options = "train_config.data_augmentation_options"
+    for line in (f"{options}.random_square_crop_by_scale: not a field detsweep knows",
+                 f"{options}.random_absolute_pad_image: not a field detsweep knows",
+                 f"{options}.random_crop_image: not supported by detsweep",
+                 f"{options}.random_adjust_brightness: not supported by detsweep",
+                 "train_config.max_number_of_boxes: not a field detsweep knows"):
+        assert f"detsweep: not carried over: {line}\n" in result.stderr
+    # An option group is named once, not field by field; the flip is carried, so not named.
+    assert "scale_min" not in result.stderr and "min_object_covered" not in result.stderr
+    assert "random_horizontal_flip" not in result.stderr
+    assert "random_horizontal_flip: 0.5" in result.stdout
+
+
+def test_fields_detsweep_knows_but_has_no_setting_for_are_named():
+    """The raccoon config's from_detection_checkpoint, eval num_examples and num_readers used to
+    vanish; its eval `shuffle: false` agrees with detsweep (data.val is read in order): carried."""
+    imported = import_pipeline(RACCOON_PIPELINE.read_text())
+    assert "train_config.from_detection_checkpoint: goes with fine_tune_checkpoint, which is kept as a note" \
+        in imported.not_carried
+    assert "eval_config.num_examples: detsweep evaluates every image of data.val" in imported.not_carried
+    assert "eval_input_reader.num_readers: not a field detsweep knows" in imported.not_carried
+    assert not any("shuffle" in line for line in imported.not_carried)
+    shuffled = import_pipeline(RACCOON_PIPELINE.read_text().replace("shuffle: false", "shuffle: true"))
+    assert "eval_input_reader.shuffle: detsweep reads data.val in order" in shuffled.not_carried
+
+
+def test_an_unknown_field_inside_the_carried_optimizer_is_still_named():
+    imported = import_pipeline("""
+    optimizer {
+      momentum_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.01 } } nesterov: true }
+    }""")
+    assert imported.tree["optimizer"]["type"] == "momentum"
+    assert imported.not_carried == ["optimizer.momentum_optimizer.nesterov: not a field detsweep knows"]
+
+
+FASTER_RCNN_PIPELINE = """
+model {
+  faster_rcnn {
+    num_classes: 90
+    image_resizer { keep_aspect_ratio_resizer { min_dimension: 600 max_dimension: 1024 } }
+    feature_extractor { type: 'faster_rcnn_resnet50_keras' batch_norm_trainable: true }
+    first_stage_anchor_generator { grid_anchor_generator { scales: [0.25, 0.5, 1.0, 2.0] height_stride: 16 } }
+    first_stage_max_proposals: 300
+    second_stage_post_processing { score_converter: SOFTMAX }
+  }
+}
+train_config {
+  batch_size: 64
+  num_steps: 25000
+  optimizer {
+    momentum_optimizer {
+      learning_rate { cosine_decay_learning_rate {
+        learning_rate_base: 0.04 total_steps: 25000 warmup_learning_rate: 0.013333 warmup_steps: 2000 } }
+      momentum_optimizer_value: 0.9
+    }
+    use_moving_average: false
+  }
+}
+"""
+
+
+def test_faster_rcnn_imports_its_optimizer_and_leaves_the_architecture_in_one_line(write):
+    result = run_cli("import-odapi", str(write("faster_rcnn.config", FASTER_RCNN_PIPELINE)))
+    assert result.returncode == 0, result.stderr
+    # One line for the whole architecture, none per field of it; everything else is carried over.
+    assert result.stderr.splitlines() == [
+        "detsweep: not carried over: model.faster_rcnn: the architecture is not carried over (detsweep trains "
+        "model.name, keras-hub RetinaNet); only num_classes is"]
+    tree = yaml.safe_load(result.stdout)
+    assert tree["optimizer"]["type"] == "momentum" and tree["optimizer"]["use_moving_average"] is False
+    assert tree["optimizer"]["learning_rate"] == {"type": "cosine", "learning_rate_base": 0.04, "total_steps": 25000,
+                                                  "warmup_learning_rate": 0.013333, "warmup_steps": 2000,
+                                                  "hold_base_rate_steps": 0}
+    assert tree["model"] == {"num_classes": 90} and tree["train"] == {"batch_size": 64, "num_steps": 25000}
+
+
+def test_center_net_leaves_the_architecture_in_one_line_too():
+    text = FASTER_RCNN_PIPELINE.replace("faster_rcnn {", "center_net {").replace("first_stage_max_proposals", "max_box_predictions")
+    imported = import_pipeline(text)
+    assert imported.not_carried == [
+        "model.center_net: the architecture is not carried over (detsweep trains model.name, keras-hub RetinaNet); "
+        "only num_classes is"]
+    assert imported.tree["optimizer"]["learning_rate"]["type"] == "cosine"
+
+
+def test_a_second_eval_reader_is_named_as_a_whole():
+    second = 'eval_input_reader: { tf_record_input_reader { input_path: "extra.record" } num_readers: 2 }\n'
+    imported = import_pipeline(RACCOON_PIPELINE.read_text() + second)
+    assert imported.tree["data"]["val"]["annotations"].endswith("test.record")
+    assert ("eval_input_reader[1]: detsweep evaluates on one data.val, the first eval_input_reader"
+            in imported.not_carried)
+    # The first reader's num_readers is named once; the second reader's is part of the line above.
+    assert imported.not_carried.count("eval_input_reader.num_readers: not a field detsweep knows") == 1

@@ -4,7 +4,9 @@ The text is parsed by protobuf's own ``text_format`` against a descriptor of the
 fields detsweep uses, built below with the OD API's field names, numbers and proto2
 defaults (so an unset field reads as the OD API's default, e.g. ``decay_steps``
 4000000). Fields outside that subset, such as the body of ``model { ssd { … } }``, are
-passed over, not an error.
+not an error; but every field the file sets is accounted for (issue #39): carried over
+into the detsweep config, or named in :attr:`Imported.not_carried` or
+:attr:`Imported.notes` with the reason.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from google.protobuf import message, text_format
 
 from detsweep.errors import DetsweepError
-from detsweep.textproto import build_message_classes
+from detsweep.textproto import WrittenField, build_message_classes, written_fields
 
 _PACKAGE = "detsweep.odapi"
 
@@ -141,14 +143,53 @@ _ONEOFS = {
 
 _CLASSES = build_message_classes("detsweep_odapi_subset.proto", _PACKAGE, _MESSAGES, _ONEOFS)
 
+# Why the subset's fields that no converter below carries over are left out, by plain path.
+_WHY_LEFT_OUT = {
+    "train_config.fine_tune_checkpoint_type": "goes with fine_tune_checkpoint, which is kept as a note",
+    "train_config.from_detection_checkpoint": "goes with fine_tune_checkpoint, which is kept as a note",
+    "train_config.data_augmentation_options.random_scale_crop_and_pad_to_square.output_size":
+        "detsweep crops and pads to model.image_size",
+    "eval_config.num_examples": "detsweep evaluates every image of data.val",
+    "train_input_reader.shuffle": "detsweep always shuffles the training data",
+    "eval_input_reader.shuffle": "detsweep reads data.val in order",
+}
+# Whether detsweep shuffles each split, to carry over a `shuffle` that agrees.
+_SHUFFLES = {"train": True, "val": False}
+
 
 @dataclass
 class Imported:
-    """A detsweep config tree converted from OD API text, and what could not be carried over."""
+    """A detsweep config tree converted from OD API text, and what could not be carried over.
+
+    Every field the file sets is carried over or named. ``carried`` and ``named`` hold dotted
+    paths (:class:`~detsweep.textproto.WrittenField`), each standing for the fields under it:
+    a carried path only for the fields detsweep knows, so that an unknown one under it is
+    still named; a named path for everything under it (one line for a whole architecture).
+    """
 
     tree: dict[str, Any]
     not_carried: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    carried: set[str] = field(default_factory=set)
+    named: set[str] = field(default_factory=set)
+
+    def carry(self, *paths: str) -> None:
+        """Record that the tree holds these fields."""
+        self.carried.update(paths)
+
+    def leave_out(self, path: str, line: str) -> None:
+        """Name ``path`` as not carried over, ``line`` saying which field and why."""
+        self.named.add(path)
+        if line not in self.not_carried:  # e.g. the same unknown field in two eval readers
+            self.not_carried.append(line)
+
+    def note(self, path: str, line: str) -> None:
+        """Keep ``path`` as a note (a comment in the written YAML)."""
+        self.named.add(path)
+        self.notes.append(line)
+
+    def accounts_for(self, written: WrittenField) -> bool:
+        return _covered(written.path, self.named) or (written.known and _covered(written.path, self.carried))
 
 
 def parse(text: str, message_name: str, source: str) -> message.Message:
@@ -166,16 +207,21 @@ def import_pipeline(text: str, source: str = "pipeline.config") -> Imported:
     pipeline = parse(text, "TrainEvalPipelineConfig", source)
     train = pipeline.train_config
     if pipeline.HasField("optimizer"):
-        optimizer = pipeline.optimizer
+        root, optimizer, optimizer_path = "TrainEvalPipelineConfig", pipeline.optimizer, "optimizer"
     elif pipeline.HasField("train_config"):
-        optimizer = train.optimizer
+        root, optimizer, optimizer_path = "TrainEvalPipelineConfig", train.optimizer, "train_config.optimizer"
     else:  # the body of an Optimizer message, as in the OD API's own tests
-        optimizer = parse(text, "Optimizer", source)
+        root, optimizer, optimizer_path = "Optimizer", parse(text, "Optimizer", source), ""
     imported = Imported(tree={"optimizer": convert_optimizer(optimizer, source)})
+    imported.carry(optimizer_path)  # convert_optimizer reads every field of the subset's optimizers
     if pipeline.HasField("train_config"):
         _carry_train_config(train, imported)
+        if pipeline.HasField("optimizer") and train.HasField("optimizer"):
+            imported.leave_out("train_config.optimizer",
+                               "train_config.optimizer: the top-level optimizer block is used instead")
     _carry_model(pipeline, imported)
     _carry_inputs(pipeline, imported)
+    _name_the_rest(text, root, source, imported)
     return imported
 
 
@@ -212,32 +258,45 @@ def _convert_learning_rate(rate: message.Message) -> dict[str, Any]:
 def _carry_train_config(train: message.Message, imported: Imported) -> None:
     section = imported.tree.setdefault("train", {})
     section["batch_size"] = train.batch_size
+    imported.carry("train_config.batch_size", "train_config.gradient_clipping_by_norm")
     if train.num_steps:
         section["num_steps"] = train.num_steps
+        imported.carry("train_config.num_steps")
     else:
-        imported.not_carried.append("train_config.num_steps is 0 (train forever): detsweep's default num_steps is used")
+        imported.leave_out("train_config.num_steps",
+                           "train_config.num_steps is 0 (train forever): detsweep's default num_steps is used")
     if train.gradient_clipping_by_norm:
         section["gradient_clipping_by_norm"] = _clean(train.gradient_clipping_by_norm)
     if train.use_bfloat16:  # model_lib_v2: `use_bfloat16 and use_tpu`, a flag the file does not hold
-        imported.not_carried.append(
+        imported.leave_out("train_config.use_bfloat16",
             "train_config.use_bfloat16: the OD API trains in bfloat16 on TPUs only (its --use_tpu); detsweep "
             "keeps float32: with scaling.use_tpu, set train.mixed_precision: mixed_bfloat16")
+    else:
+        imported.carry("train_config.use_bfloat16")  # float32, as detsweep trains by default
     if train.fine_tune_checkpoint:
-        imported.notes.append(f"fine_tune_checkpoint: {train.fine_tune_checkpoint} "
-                              "(kept as a note: use `detsweep finetune --from checkpoint:PATH` to start from it)")
-    for option in train.data_augmentation_options:
+        imported.note("train_config.fine_tune_checkpoint", f"fine_tune_checkpoint: {train.fine_tune_checkpoint} "
+                      "(kept as a note: use `detsweep finetune --from checkpoint:PATH` to start from it)")
+    _carry_augmentations(train.data_augmentation_options, imported)
+    if train.HasField("sync_replicas"):
+        imported.leave_out("train_config.sync_replicas",
+                           "train_config.sync_replicas: detsweep always trains synchronously")
+
+
+def _carry_augmentations(options: Any, imported: Imported) -> None:
+    for index, option in enumerate(options):
         kind = _set_field(option)
+        path = f"train_config.data_augmentation_options[{index}].{kind}"
         if kind == "random_horizontal_flip":
             augmentation = imported.tree.setdefault("data", {}).setdefault("augmentation", {})
             augmentation["random_horizontal_flip"] = _clean(option.random_horizontal_flip.probability)
+            imported.carry(f"{path}.probability")
         elif kind == "random_scale_crop_and_pad_to_square":
             crop = option.random_scale_crop_and_pad_to_square
             augmentation = imported.tree.setdefault("data", {}).setdefault("augmentation", {})
             augmentation[kind] = {"scale_min": _clean(crop.scale_min), "scale_max": _clean(crop.scale_max)}
+            imported.carry(f"{path}.scale_min", f"{path}.scale_max")
         elif kind:
-            imported.not_carried.append(f"train_config.data_augmentation_options.{kind}: not supported by detsweep")
-    if train.sync_replicas:
-        imported.not_carried.append("train_config.sync_replicas: detsweep always trains synchronously")
+            imported.leave_out(path, f"train_config.data_augmentation_options.{kind}: not supported by detsweep")
 
 
 def _carry_model(pipeline: message.Message, imported: Imported) -> None:
@@ -249,24 +308,57 @@ def _carry_model(pipeline: message.Message, imported: Imported) -> None:
     num_classes = getattr(pipeline.model, architecture).num_classes
     if num_classes:
         imported.tree.setdefault("model", {})["num_classes"] = num_classes
-    imported.not_carried.append(
+    # One line for the whole architecture: its fields are detsweep's model section's business.
+    imported.leave_out(
+        f"model.{architecture}",
         f"model.{architecture}: the architecture is not carried over (detsweep trains model.name, "
-        "keras-hub RetinaNet); only num_classes is"
+        "keras-hub RetinaNet); only num_classes is",
     )
 
 
 def _carry_inputs(pipeline: message.Message, imported: Imported) -> None:
-    readers = [("train", pipeline.train_input_reader)] if pipeline.HasField("train_input_reader") else []
-    readers += [("val", reader) for reader in pipeline.eval_input_reader[:1]]
-    for split, reader in readers:
+    readers = []
+    if pipeline.HasField("train_input_reader"):
+        readers.append(("train", "train_input_reader", pipeline.train_input_reader))
+    readers += [("val", "eval_input_reader[0]", reader) for reader in pipeline.eval_input_reader[:1]]
+    for split, path, reader in readers:
         paths = list(reader.tf_record_input_reader.input_path)
         if not paths:
-            imported.not_carried.append(f"{split} input reader: only tf_record_input_reader is supported")
+            imported.leave_out(path, f"{split} input reader: only tf_record_input_reader is supported")
             continue
         dataset = {"format": "tfrecord", "annotations": ",".join(paths)}
         if reader.label_map_path:
             dataset["label_map"] = reader.label_map_path
         imported.tree.setdefault("data", {})[split] = dataset
+        imported.carry(f"{path}.tf_record_input_reader.input_path", f"{path}.label_map_path")
+        if reader.shuffle == _SHUFFLES[split]:
+            imported.carry(f"{path}.shuffle")
+    for index in range(1, len(pipeline.eval_input_reader)):
+        imported.leave_out(f"eval_input_reader[{index}]", f"eval_input_reader[{index}]: detsweep evaluates on one "
+                           "data.val, the first eval_input_reader")
+
+
+def _name_the_rest(text: str, root: str, source: str, imported: Imported) -> None:
+    """Name every field the file sets that the converters above neither carried over nor named."""
+    try:
+        written = written_fields(text, _CLASSES[root].DESCRIPTOR)
+    except text_format.ParseError as error:  # text_format accepted the text; kept to be safe
+        raise DetsweepError(f"{source}: not a valid OD API text proto: {error}") from None
+    for field_set in written:
+        if not imported.accounts_for(field_set):
+            imported.leave_out(field_set.path, f"{field_set.plain_path}: {_why_left_out(field_set)}")
+
+
+def _why_left_out(field_set: WrittenField) -> str:
+    if not field_set.known:
+        return "not a field detsweep knows"
+    # A subset field missing from the table is still named, never skipped.
+    return _WHY_LEFT_OUT.get(field_set.plain_path, "detsweep has no setting for it")
+
+
+def _covered(path: str, prefixes: set[str]) -> bool:
+    """Whether ``path`` is one of ``prefixes`` or lies under one ("" stands for the whole file)."""
+    return any(not prefix or path == prefix or path.startswith((f"{prefix}.", f"{prefix}[")) for prefix in prefixes)
 
 
 def _set_field(msg: message.Message) -> str | None:
