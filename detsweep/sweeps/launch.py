@@ -45,7 +45,8 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
     data's bucket URIs are checked, and its folders left to the nodes (a note names them)."""
     from detsweep.data.remote import check_locations
 
-    notes = []
+    notes = [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}"
+             for where in check_preset(sweep, local=on_a_node)]
     try:
         check_fits(sweep, capacity)
     except DetsweepError as error:
@@ -83,6 +84,16 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
         "samples": [sample(sweep, rng, grid[i % len(grid)] if grid else {}) for i in range(min(samples, trials))],
         "notes": notes,
     }
+
+
+def check_preset(sweep: Sweep, local: bool) -> list[str]:
+    """The base's ``model.weights`` preset can be the image encoder, an error wherever the sweep
+    would run, never a note; not ``local``, a preset folder is the nodes' and is returned."""
+    if sweep.base.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
+        return []
+    from detsweep.models.presets import check_backbone_preset
+
+    return check_backbone_preset(sweep.base.model.weights, f"{sweep.path}: base.model.weights", local=local)
 
 
 def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +153,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
         check_fits(sweep, this_machine())
     backend = resolve_backend(sweep.base.tracking)
     check_backend(backend)
-    summaries, _ = check_inputs(sweep.base, str(sweep.path))
+    summaries, _ = check_inputs(sweep.base, str(sweep.path), prefix="base.")
     for line in summaries:
         console.say(line)
     connect(address, env=trial_environment())

@@ -123,12 +123,24 @@ def check_data(config: TrialConfig) -> list[str]:
     return summaries
 
 
-def check_inputs(config: TrialConfig, where: str) -> tuple[list[str], Any]:
-    """What the driver checks before Ray starts: the datasets (their summary lines, for the
-    caller to print once every check passed, so that a refusal is its one line) and, for a
-    fine-tune, that the checkpoint fits (its warm-start plan; else None)."""
+def check_inputs(config: TrialConfig, where: str, prefix: str = "") -> tuple[list[str], Any]:
+    """What the driver checks before Ray starts: the preset ``model.weights`` names (``prefix``:
+    where the config sits in its file, e.g. a sweep's ``base.``), the datasets (their summary
+    lines, for the caller to print once every check passed, so that a refusal is its one line)
+    and, for a fine-tune, that the checkpoint fits (its warm-start plan; else None)."""
+    check_weights(config, f"{where}: {prefix}model.weights")
     summaries = check_data(config)
     return summaries, check_fit(config, where) if config.train.fine_tune else None
+
+
+def check_weights(config: TrialConfig, field: str) -> None:
+    """The preset ``model.weights`` names can be the image encoder (:mod:`detsweep.models.presets`)."""
+    if config.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
+        return
+    from detsweep.models.presets import check_backbone_preset
+
+    with console.working(f"checking the preset {config.model.weights}"):
+        check_backbone_preset(config.model.weights, field)
 
 
 def check_fit(config: TrialConfig, where: str):

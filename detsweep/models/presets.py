@@ -1,0 +1,160 @@
+"""Is ``model.weights`` a keras-hub preset that can be the detector's image encoder?
+
+Asked once, on the driver, before Ray or MLflow start: the workers load the preset with
+keras-hub's ``Backbone.from_preset``, and a preset it cannot load, or one that is not an
+image encoder, would otherwise be found only there, after the cluster started. A preset is
+read as keras-hub reads it (``keras_hub/src/utils/preset_utils.py``): a folder is one when
+keras-hub's loader recognises its ``config.json``, whose class is the backbone's, and its
+``task.json`` names the task (a whole detector) saved with it. Handles are only checked for
+their form: nothing can be downloaded before the workers do it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from detsweep.errors import DetsweepError
+
+EXPECTED = ("expected a keras-hub backbone preset: a folder a backbone's save_to_preset wrote, "
+            "kaggle://owner/model/keras/variant[/version], hf://owner/name, or a keras-hub preset name "
+            "such as resnet_50_imagenet")
+DETECTOR = ("a whole-detector preset ({kind}); whole-detector presets are not supported yet as model.weights, "
+            "expected a backbone preset (e.g. resnet_50_imagenet)")
+
+# keras-hub's own handle forms (get_file): Kaggle's four or five segments with the framework
+# "keras" third, and Hugging Face's repository id, owner/name.
+KAGGLE_HANDLE = re.compile(r"kaggle://[\w.-]+/[\w.-]+/keras/[\w.-]+(/\d+)?")
+HF_HANDLE = re.compile(r"hf://[\w.-]+/[\w.-]+")
+
+
+def check_backbone_preset(weights: str, field: str, local: bool = True) -> list[str]:
+    """Refuse, in one line naming ``field``, a ``model.weights`` that is not ``none`` nor a
+    backbone preset keras-hub can load. Not ``local`` (a cluster's nodes, not this machine,
+    hold the folders), a folder is left unchecked: returned, for the caller to say so."""
+    if weights == "none":
+        return []
+    if "://" in weights:
+        check_handle(weights, field)
+    elif is_preset_name(weights):
+        check_preset_name(weights, field)
+    elif not local:
+        return [f"{field}: {weights}"]
+    else:
+        check_preset_folder(weights, field)
+    return []
+
+
+def is_preset_name(weights: str) -> bool:
+    """keras-hub looks a name up in its registry before it looks for a folder (``get_file``);
+    what is neither, and does not look like a path, was meant as a name."""
+    import keras_hub
+
+    looks_like_a_path = os.sep in weights or weights.startswith((".", "~")) or os.path.exists(weights)
+    return weights in keras_hub.models.Backbone.presets or not looks_like_a_path
+
+
+def check_handle(handle: str, field: str) -> None:
+    """A Kaggle or Hugging Face handle, well formed (whether it exists is the download's to say)."""
+    if handle.startswith("kaggle://") and not KAGGLE_HANDLE.fullmatch(handle):
+        raise DetsweepError(f"{field}: found {handle!r}, expected a Kaggle handle "
+                            "kaggle://owner/model/keras/variant[/version]")
+    if handle.startswith("hf://") and not HF_HANDLE.fullmatch(handle):
+        raise DetsweepError(f"{field}: found {handle!r}, expected a Hugging Face handle hf://owner/name")
+    if not handle.startswith(("kaggle://", "hf://")):
+        raise DetsweepError(f"{field}: found {handle!r}, {EXPECTED}")
+
+
+def check_preset_name(name: str, field: str) -> None:
+    """A name from keras-hub's registry, of an image encoder."""
+    import keras_hub
+
+    if name in keras_hub.models.ObjectDetector.presets:
+        raise DetsweepError(f"{field}: found {name!r}, " + DETECTOR.format(kind="a keras-hub ObjectDetector's"))
+    if name in _image_encoder_presets():
+        return
+    if name in keras_hub.models.Backbone.presets:
+        raise DetsweepError(f"{field}: found {name!r}, a keras-hub preset of another kind of backbone; "
+                            "expected one of an image encoder with a feature pyramid (e.g. resnet_50_imagenet)")
+    raise DetsweepError(f"{field}: found {name!r}, neither a folder nor a keras-hub preset name; {EXPECTED}")
+
+
+def check_preset_folder(folder: str, field: str) -> None:
+    """keras-hub's loader recognises the folder, its backbone is an image encoder with a feature
+    pyramid (what RetinaNet builds on), and no detector was saved with it."""
+    from keras_hub.src.utils import preset_utils
+
+    if not os.path.exists(folder):
+        raise DetsweepError(f"{field}: found {folder!r}, a folder that does not exist; {EXPECTED}")
+    if not os.path.isdir(folder):
+        raise DetsweepError(f"{field}: found {folder!r}, a file, not a folder; {EXPECTED}")
+    if not os.path.exists(os.path.join(folder, preset_utils.CONFIG_FILE)):
+        raise DetsweepError(f"{field}: found {folder!r}, a folder without a keras-hub preset "
+                            f"(no {preset_utils.CONFIG_FILE}); {EXPECTED}")
+    backbone, task = _preset_classes(folder, field)
+    if task is not None and _is_detector(task):
+        raise DetsweepError(f"{field}: found {folder!r}, " + DETECTOR.format(kind=task.__name__))
+    if _is_detector_backbone(backbone):
+        raise DetsweepError(f"{field}: found {folder!r}, " + DETECTOR.format(kind=f"{backbone.__name__}, a detector's backbone"))
+    if not _is_image_encoder(backbone):
+        raise DetsweepError(f"{field}: found {folder!r}, a preset of {backbone.__name__}; expected one of an image "
+                            "encoder with a feature pyramid (a keras-hub FeaturePyramidBackbone, e.g. ResNetBackbone)")
+    _check_weights_file(folder, field)
+
+
+def _preset_classes(folder: str, field: str) -> tuple[type, type | None]:
+    """The classes of the folder's backbone and, when one was saved, of its task, by keras-hub's
+    own reading (``get_preset_loader``, ``check_config_class``)."""
+    from keras_hub.src.utils import preset_utils
+
+    try:
+        backbone = preset_utils.get_preset_loader(folder).check_backbone_class()
+        saved_task = preset_utils.check_file_exists(folder, preset_utils.TASK_CONFIG_FILE)
+        task = preset_utils.check_config_class(preset_utils.load_json(folder, preset_utils.TASK_CONFIG_FILE)) \
+            if saved_task else None
+    except (ValueError, KeyError) as error:  # keras-hub's words for a config it cannot read
+        reason = str(error).splitlines()[0] if str(error) else f"no {error}"
+        raise DetsweepError(f"{field}: found {folder!r}, a folder keras-hub cannot load as a preset ({reason}); "
+                            f"{EXPECTED}") from None
+    return backbone, task
+
+
+def _check_weights_file(folder: str, field: str) -> None:
+    """keras-hub's format keeps the weights in one file or a shard index (``_load_backbone_weights``);
+    Transformers' and timm's formats are keras-hub's converters' to read."""
+    from keras_hub.src.utils import preset_utils
+
+    if "registered_name" not in preset_utils.load_json(folder, preset_utils.CONFIG_FILE):
+        return
+    files = (preset_utils.MODEL_WEIGHTS_FILE, preset_utils.SHARDED_MODEL_WEIGHTS_CONFIG_FILE)
+    if not any(os.path.exists(os.path.join(folder, name)) for name in files):
+        raise DetsweepError(f"{field}: found {folder!r}, a preset without its weights "
+                            f"(no {preset_utils.MODEL_WEIGHTS_FILE}); {EXPECTED}")
+
+
+def _image_encoder_presets() -> set[str]:
+    import keras_hub
+
+    return set(keras_hub.models.FeaturePyramidBackbone.presets) - set(keras_hub.models.ObjectDetector.presets)
+
+
+def _is_image_encoder(backbone: type) -> bool:
+    import keras_hub
+
+    return issubclass(backbone, keras_hub.models.FeaturePyramidBackbone)
+
+
+def _is_detector(task: type) -> bool:
+    import keras_hub
+
+    return issubclass(task, keras_hub.models.ObjectDetector)
+
+
+def _is_detector_backbone(backbone: type) -> bool:
+    """The backbone of one of keras-hub's detectors (RetinaNet's holds its own image encoder
+    and feature pyramid): the detector without its heads."""
+    import keras_hub
+    from keras_hub.src.utils import preset_utils
+
+    detectors = preset_utils.list_subclasses(keras_hub.models.ObjectDetector)
+    return any(issubclass(backbone, detector.backbone_cls) for detector in detectors if detector.backbone_cls)
