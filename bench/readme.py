@@ -27,6 +27,11 @@ def cells(entry: dict, first_cell: str) -> list:
     return row
 
 
+def value(entry: dict, name: str):
+    """The second cell of ``entry``'s row ``name`` (the figure/value tables)."""
+    return cells(entry, name)[1]
+
+
 def leading(text: str) -> float:
     """42 from "42% (22%-73%)", 0.0 from "0.000 (0.295)"."""
     return float(text.split("%")[0].split(" ")[0])
@@ -50,11 +55,11 @@ def beside(entry: dict) -> str:
 
 
 def startup(entry: dict) -> str:
-    return f"{cells(entry, '**Tune start → first step**')[1]:.1f} s"
+    return f"{value(entry, '**Tune start → first step**'):.1f} s"
 
 
 def pipeline(entry: dict) -> str:
-    return f"{cells(entry, 'ratio')[1]:.0f}x"
+    return f"{value(entry, 'ratio'):.0f}x"
 
 
 def halving_live(entry: dict) -> str:
@@ -81,9 +86,8 @@ def allocator(entry: dict) -> str:
 
 
 def tracking_load(entry: dict) -> str:
-    figure = dict(map(tuple, entry["rows"][1:]))
-    return (f"{figure['writes/s']:.1f} writes/s, p50 {figure['latency p50 (ms)']:.0f} ms, "
-            f"p99 {figure['latency p99 (ms)'] / 1000:.1f} s, {figure['lost writes']} lost")
+    return (f"{value(entry, 'writes/s'):.1f} writes/s, p50 {value(entry, 'latency p50 (ms)'):.0f} ms, "
+            f"p99 {value(entry, 'latency p99 (ms)') / 1000:.1f} s, {value(entry, 'lost writes')} lost")
 
 
 def tracking_server(entry: dict) -> str:
@@ -96,12 +100,11 @@ def minutes(seconds: float) -> str:
 
 
 def suite(entry: dict) -> str:
-    figure = dict(map(tuple, entry["rows"][1:]))
-    return f"{minutes(figure['make test, install included (s)'])} ({figure['tests passed']} tests)"
+    return f"{minutes(value(entry, 'make test, install included (s)'))} ({value(entry, 'tests passed')} tests)"
 
 
 def demo(entry: dict) -> str:
-    return minutes(dict(map(tuple, entry["rows"][1:]))["make demo, installed (s)"])
+    return minutes(value(entry, "make demo, installed (s)"))
 
 
 # (what was measured, the entry it was recorded as, how its figure is read from it)

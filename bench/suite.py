@@ -41,8 +41,9 @@ def main() -> None:
     (folder / "shared").symlink_to(REPO.parent / "shared")  # the datasets, where CI has them too
     print(f"make test, then make demo, in {clone} (commit {commit}); their output in {log}", flush=True)
     test = timed(["make", "test"], clone, log)
-    [(passed, pytest_seconds)] = PASSED.findall(log.read_text())[-1:]
-    seed = re.search(r"--randomly-seed=(\d+)", log.read_text())
+    output = log.read_text()
+    [(passed, pytest_seconds)] = PASSED.findall(output)[-1:]
+    seed = re.search(r"--randomly-seed=(\d+)", output)
     demo = timed(["make", "demo"], clone, log)
     record("suite", Entry(
         title="make test and make demo from a clean clone (bench/suite.py)",
