@@ -586,6 +586,48 @@ def test_a_run_whose_opening_failed_halfway_gets_its_config_and_datasets_on_the_
     assert "config.yaml" in {a.path for a in client.list_artifacts(run.run_id)}
 
 
+def test_every_write_of_a_trial_run_that_fails_once_and_is_retried_is_written_as_if_it_had_not_failed(
+        tmp_path, monkeypatch):
+    """A server away while a worker failure and a restart's first report arrive: every tag and
+    metrics write fails once (the failure injected into a real client) and the writer runs it
+    again. A failure is counted once, not once per attempt, and what a replayed step carries
+    to the next step survives the failed write of that step."""
+    from mlflow import MlflowClient
+
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
+    attempts: list[str] = []
+    for name in ("set_tag", "log_batch"):
+        real = getattr(MlflowClient, name)
+
+        def fails_every_first_attempt(client, *args, _real=real, _name=name, **kwargs):
+            attempts.append(_name)
+            if len(attempts) % 2:
+                raise ConnectionError("the server went away")
+            return _real(client, *args, **kwargs)
+
+        monkeypatch.setattr(MlflowClient, name, fails_every_first_attempt)
+    run = TrialRun(link, "t_00003", "trial_t_00003", sweep.base, {}, "eval/AP_best", "max")
+    run.log_report({"step": 10, "train/loss": 1.0})
+    run.note_worker_failure("the worker died")
+    run.log_report({"step": 10, "train/loss": 1.1, "restore/step": 0})  # the restart trains 10 again
+    run.log_report({"step": 20, "train/loss": 0.5})
+    run.note_worker_failure("the worker died again")
+    assert run.close(60) is None and run.writer.lost == []
+    assert len(attempts) > 8 and attempts[::2] == attempts[1::2]  # every write failed once, then went through
+    monkeypatch.undo()
+    client = MlflowClient(backend.uri)
+    tags = client.get_run(run.run_id).data.tags
+    assert tags["detsweep.worker_failures"] == "2: the worker died again"
+    assert tags["detsweep.replayed_steps"] == "10-10"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.run_id, "train/loss")] == [(10, 1.0), (20, 0.5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.run_id, "restore/step")] == [(20, 0.0)]
+
+
 def test_writes_lost_to_a_server_that_stays_away_past_a_trials_end_are_listed_in_its_log(tmp_path, caplog):
     """The README's promise: what could not be written is the run's ``detsweep.lost_writes`` tag
     when the server is back by the trial's end, and, while it is still away, a line of the

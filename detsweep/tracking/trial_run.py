@@ -15,6 +15,7 @@ READY, and only the best and the latest are kept.
 from __future__ import annotations
 
 import base64
+import itertools
 import logging
 import os
 import shutil
@@ -103,8 +104,11 @@ class TrialRun:
         self.opened = threading.Event()  # run_id is known
         self.last_step = -1
         self.replayed = ReplayedSteps()
+        self.notices = itertools.count()  # numbers each report and note: a retried write counts its replay once
+        self.counted_notice = -1  # the last of them whose replay is in ``replayed``
         self.carried: dict[str, float] = {}  # a dropped step's once-per-start metrics, for the next step logged
-        self.worker_failures = 0  # Ray Train's restarts of the workers, as the tag counts them
+        self.earlier_failures = 0  # worker failures the run's tag held when it was reopened
+        self.noted_failures = 0  # worker failures this object was told of
         self.logged: tuple[int, list] | None = None  # the last step logged and its points, for its checkpoint
         # Checkpoints are uploaded from copies: Ray Train drops its own (num_to_keep) on its
         # schedule, which need not wait for a writer that lags behind a slow server.
@@ -139,7 +143,7 @@ class TrialRun:
         self.last_step = max((m.step for m in history), default=-1)
         self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
         failures = run.data.tags.get(WORKER_FAILURES_TAG)
-        self.worker_failures = int(failures.split(":")[0]) if failures else 0
+        self.earlier_failures = int(failures.split(":")[0]) if failures else 0
         self.run_id, self.reopened = run.info.run_id, True
         self.opened.set()
 
@@ -183,9 +187,9 @@ class TrialRun:
 
     def log_report(self, metrics: dict[str, Any], checkpoint=None) -> None:
         """One report of Ray Train: its metrics at its step, and its checkpoint when it has one."""
-        step, now = int(metrics.get("step", 0)), int(time.time() * 1000)
+        step, now, notice = int(metrics.get("step", 0)), int(time.time() * 1000), next(self.notices)
         values = {k: float(v) for k, v in metrics.items() if "/" in k and isinstance(v, (int, float))}
-        self.writer.submit(f"metrics at step {step}", lambda: self._log_metrics(step, values, now))
+        self.writer.submit(f"metrics at step {step}", lambda: self._log_metrics(step, values, now, notice))
         if metrics.get(PICTURE_KEY):
             png = base64.b64decode(metrics[PICTURE_KEY])
             self.writer.submit(f"the picture at step {step}", lambda: self._log_picture(step, png, "detections"))
@@ -198,38 +202,42 @@ class TrialRun:
 
     def note_replayed(self, step: int) -> None:
         """``step`` was trained again after it was reported (a restart from an earlier checkpoint)."""
-        self.writer.submit(f"the replayed step {step}", lambda: self._note_replayed(step))
+        notice = next(self.notices)
+        self.writer.submit(f"the replayed step {step}", lambda: self._note_replayed(step, notice))
 
     def note_worker_failure(self, reason: str) -> None:
-        """Ray Train found failed workers; it restarts them from the latest checkpoint."""
-        self.writer.submit("a worker failure", lambda: self._note_worker_failure(reason))
+        """Ray Train found failed workers; it restarts them from the latest checkpoint. Counted
+        here, once: the writer may run the tag's write several times while a server is away."""
+        self.noted_failures += 1
+        noted = self.noted_failures
+        self.writer.submit("a worker failure", lambda: self.client.set_tag(
+            self.run_id, WORKER_FAILURES_TAG, f"{self.earlier_failures + noted}: {reason}"[:5000]))
 
-    def _note_worker_failure(self, reason: str) -> None:
-        self.worker_failures += 1
-        self.client.set_tag(self.run_id, WORKER_FAILURES_TAG, f"{self.worker_failures}: {reason}"[:5000])
-
-    def _note_replayed(self, step: int) -> None:
-        self.replayed.add(step)
+    def _note_replayed(self, step: int, notice: int) -> None:
+        if notice != self.counted_notice:  # not a retry of a write that failed after counting it
+            self.replayed.add(step)
+            self.counted_notice = notice
         self.client.set_tag(self.run_id, REPLAYED_TAG, str(self.replayed))
 
-    def _log_metrics(self, step: int, values: dict[str, float], now: int | None = None, force: bool = False) -> None:
+    def _log_metrics(self, step: int, values: dict[str, float], now: int | None = None, notice: int = -1,
+                     force: bool = False) -> None:
         from mlflow.entities import Metric
 
         if force:  # values from here on; never at a step this key already has
             step = max(step, self.last_step + 1)
         elif step <= self.last_step:  # this run has it: a resumed trial went back to its checkpoint
-            self._note_replayed(step)
+            self._note_replayed(step, notice)
             self.carried |= once_per_start(values)
             self.logged = None  # a checkpoint at this step is not what scored the run's values here
             return
         else:
-            values, self.carried = {**self.carried, **values}, {}
+            values = {**self.carried, **values}  # carried until written: a failed write is retried whole
         if not values:
             return
         points = [Metric(k, v, now or int(time.time() * 1000), step) for k, v in values.items()]
         self.client.log_batch(self.run_id, metrics=points)
         if not force:
-            self.last_step, self.logged = step, (step, points)
+            self.last_step, self.logged, self.carried = step, (step, points), {}
             self.replayed.close_range()
 
     def _log_picture(self, step: int | None, png: bytes, folder: str) -> None:
