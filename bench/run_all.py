@@ -19,6 +19,7 @@ BENCHMARKS = {
     "allocator": ["bench.allocator"],
     "startup": ["bench.startup"],
     "input_pipeline": ["bench.input_pipeline"],
+    "zoo_retinanet": ["bench.zoo_retinanet"],
     "scaling": ["bench.scaling"],
     "scaling_gpu": ["bench.scaling", "--gpu"],
     "early_stopping": ["bench.early_stopping"],

@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -30,7 +31,8 @@ def build_message_classes(
 ) -> dict[str, type[message.Message]]:
     """Message classes for ``messages``: ``{name: [(field, number, type[, default[, "repeated"]])]}``.
 
-    A type that is not in :data:`SCALARS` names another message of the table.
+    A type that is not in :data:`SCALARS` names another message of the table, or is an enum
+    written ``enum:NAME0,NAME1,…`` (its values numbered from 0, as the OD API's enums are).
     ``oneofs`` maps a message to its one oneof: ``(oneof name, member fields)``.
     """
     oneofs = oneofs or {}
@@ -48,6 +50,13 @@ def build_message_classes(
                 spec.type = SCALARS[kind]
                 if default is not None:
                     spec.default_value = str(default).lower() if kind == "bool" else str(default)
+            elif kind.startswith("enum:"):
+                enum = msg.enum_type.add(name=f"{field_name.title().replace('_', '')}Enum")
+                for number_of_value, value in enumerate(kind.removeprefix("enum:").split(",")):
+                    enum.value.add(name=value, number=number_of_value)
+                spec.type, spec.type_name = spec.TYPE_ENUM, f".{package}.{name}.{enum.name}"
+                if default is not None:
+                    spec.default_value = default
             else:
                 spec.type = spec.TYPE_MESSAGE
                 spec.type_name = f".{package}.{kind}"
@@ -150,3 +159,8 @@ class _FieldWalker:
             self.tokens.Consume("{")
         self.read_body(spec.message_type if spec else None, path)
         self.tokens.Consume(closing)
+
+
+def as_written(value: Any) -> Any:
+    """float32 fields read back as e.g. 0.004000000189989805; give people the number they wrote."""
+    return float(f"{value:.7g}") if isinstance(value, float) else value

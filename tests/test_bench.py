@@ -15,7 +15,7 @@ from .conftest import REPO, run_bounded
 # What each benchmark of ``bench.run_all`` records, by its name there.
 RECORDS = {"train_step": {"train_step", "train_step_loops", "train_step_split"}, "startup": {"startup_1w"},
            "allocator": {"allocator"},
-           "input_pipeline": {"input_pipeline"}, "scaling": {"scaling_cpu"}, "scaling_gpu": {"scaling_gpu"},
+           "input_pipeline": {"input_pipeline"}, "zoo_retinanet": {"zoo_retinanet"}, "scaling": {"scaling_cpu"}, "scaling_gpu": {"scaling_gpu"},
            "early_stopping": {"early_stopping"},
            "replay_settings": {"replay_settings"}, "tracking_server": {"tracking_server"},
            "tracking_load": {"tracking_load"}}

@@ -101,10 +101,9 @@ train_config {
   max_number_of_boxes: 100
   optimizer { adam_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.001 } } } }
   data_augmentation_options { random_horizontal_flip { } }
-  data_augmentation_options { random_square_crop_by_scale { scale_min: 0.6 scale_max: 1.3 } }
-  data_augmentation_options { random_absolute_pad_image { max_height_padding: 200 max_width_padding: 200 } }
-  data_augmentation_options { random_crop_image { min_object_covered: 0.0 min_aspect_ratio: 0.75 } }
-  data_augmentation_options { random_adjust_brightness { max_delta: 0.2 } }
+  data_augmentation_options { random_jpeg_quality { min_jpeg_quality: 50 max_jpeg_quality: 90 } }
+  data_augmentation_options { random_black_patches { max_black_patches: 4 } }
+  data_augmentation_options { random_distort_color { color_ordering: 1 } }
 }
 """
 
@@ -113,14 +112,13 @@ def test_import_odapi_names_every_augmentation_and_unknown_field_it_leaves_out(w
     result = run_cli("import-odapi", str(write("augmenting.config", AUGMENTING_PIPELINE)))
     assert result.returncode == 0, result.stderr
     options = "train_config.data_augmentation_options"
-    for line in (f"{options}.random_square_crop_by_scale: not a field detsweep knows",
-                 f"{options}.random_absolute_pad_image: not a field detsweep knows",
-                 f"{options}.random_crop_image: not supported by detsweep",
-                 f"{options}.random_adjust_brightness: not supported by detsweep",
+    for line in (f"{options}.random_jpeg_quality: not supported by detsweep",
+                 f"{options}.random_black_patches: not supported by detsweep",
+                 f"{options}.random_distort_color: not supported by detsweep",
                  "train_config.max_number_of_boxes: not a field detsweep knows"):
         assert f"detsweep: not carried over: {line}\n" in result.stderr
     # An option group is named once, not field by field; the flip is carried, so not named.
-    assert "scale_min" not in result.stderr and "min_object_covered" not in result.stderr
+    assert "min_jpeg_quality" not in result.stderr and "color_ordering" not in result.stderr
     assert "random_horizontal_flip" not in result.stderr
     assert "random_horizontal_flip: 0.5" in result.stdout
 
@@ -205,3 +203,72 @@ def test_a_second_eval_reader_is_named_as_a_whole():
             in imported.not_carried)
     # The first reader's num_readers is named once; the second reader's is part of the line above.
     assert imported.not_carried.count("eval_input_reader.num_readers: not a field detsweep knows") == 1
+
+
+# Every augmentation detsweep has, each of its fields set to a value other than its default.
+AUGMENTATIONS_PIPELINE = """
+train_config {
+  batch_size: 8
+  num_steps: 100
+  optimizer { momentum_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.01 } } } }
+  data_augmentation_options { random_horizontal_flip { probability: 0.3 } }
+  data_augmentation_options { random_crop_image { min_object_covered: 0.0 min_aspect_ratio: 0.7 max_aspect_ratio: 3.0
+                                                  min_area: 0.75 max_area: 0.9 overlap_thresh: 0.0 clip_boxes: false
+                                                  random_coef: 0.25 } }
+  data_augmentation_options { random_adjust_brightness { max_delta: 0.1 } }
+  data_augmentation_options { random_adjust_contrast { min_delta: 0.7 max_delta: 1.1 } }
+  data_augmentation_options { random_adjust_hue { max_delta: 0.05 } }
+  data_augmentation_options { random_adjust_saturation { min_delta: 0.5 max_delta: 1.5 } }
+  data_augmentation_options { random_square_crop_by_scale { max_border: 64 scale_min: 0.5 scale_max: 1.5 num_scales: 4 } }
+  data_augmentation_options { random_absolute_pad_image { max_height_padding: 200 max_width_padding: 100
+                                                          pad_color: [10, 20, 30] } }
+  data_augmentation_options { random_scale_crop_and_pad_to_square { scale_min: 0.3 scale_max: 1.7 } }
+}
+"""
+
+
+def test_import_odapi_carries_every_field_of_the_augmentations_detsweep_has(write):
+    path = write("augmentations.config", AUGMENTATIONS_PIPELINE)
+    result = run_cli("import-odapi", str(path))
+    assert result.returncode == 0 and "not carried over" not in result.stderr, result.stderr
+    augmentation = load_trial_config(path).data.augmentation
+    assert augmentation.random_horizontal_flip == 0.3
+    assert augmentation.random_crop_image.model_dump() == {
+        "min_object_covered": 0.0, "min_aspect_ratio": 0.7, "max_aspect_ratio": 3.0, "min_area": 0.75, "max_area": 0.9,
+        "overlap_thresh": 0.0, "clip_boxes": False, "random_coef": 0.25}
+    assert augmentation.random_adjust_brightness.max_delta == 0.1
+    assert (augmentation.random_adjust_contrast.min_delta, augmentation.random_adjust_contrast.max_delta) == (0.7, 1.1)
+    assert augmentation.random_adjust_hue.max_delta == 0.05
+    assert augmentation.random_adjust_saturation.model_dump() == {"min_delta": 0.5, "max_delta": 1.5}
+    assert augmentation.random_square_crop_by_scale.model_dump() == {
+        "max_border": 64, "scale_min": 0.5, "scale_max": 1.5, "num_scales": 4}
+    assert augmentation.random_absolute_pad_image.model_dump() == {
+        "max_height_padding": 200, "max_width_padding": 100, "pad_color": (10.0, 20.0, 30.0)}
+    assert augmentation.random_scale_crop_and_pad_to_square.model_dump() == {"scale_min": 0.3, "scale_max": 1.7}
+
+
+def test_unset_augmentation_fields_read_as_the_od_api_builds_them():
+    """preprocessor.proto's defaults; the builder's 1 for an unset padding (no padding) and mean
+    colour for an unset pad_color, and its 0.5 for a flip probability of 0; a step given twice is
+    named, the first one kept."""
+    from detsweep.config import TrialConfig
+    from detsweep.config.schema import AbsolutePadConfig, RandomCropImageConfig, SquareCropByScaleConfig
+
+    steps = ("random_horizontal_flip { probability: 0 }", "random_crop_image { }", "random_square_crop_by_scale { }",
+             "random_absolute_pad_image { }", "random_adjust_hue { }", "random_adjust_hue { max_delta: 0.3 }")
+    imported = import_pipeline("train_config { optimizer { adam_optimizer { } } "
+                               + " ".join(f"data_augmentation_options {{ {step} }}" for step in steps) + " }")
+    augmentation = TrialConfig.model_validate(imported.tree).data.augmentation
+    assert augmentation.random_horizontal_flip == 0.5
+    assert augmentation.random_crop_image == RandomCropImageConfig(
+        min_object_covered=1.0, min_aspect_ratio=0.75, max_aspect_ratio=1.33, min_area=0.1, max_area=1.0,
+        overlap_thresh=0.3, clip_boxes=True, random_coef=0.0)
+    assert augmentation.random_square_crop_by_scale == SquareCropByScaleConfig(
+        max_border=128, scale_min=0.6, scale_max=1.3, num_scales=8)
+    assert augmentation.random_absolute_pad_image == AbsolutePadConfig(max_height_padding=1, max_width_padding=1,
+                                                                       pad_color=None)
+    assert augmentation.random_adjust_hue.max_delta == 0.02
+    assert imported.not_carried == [
+        "train_config.num_steps is 0 (train forever): detsweep's default num_steps is used",
+        "train_config.data_augmentation_options.random_adjust_hue: given again; detsweep applies each step once, "
+        "with the first one's settings"]

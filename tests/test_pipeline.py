@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from detsweep.data import generate_synthetic
-from detsweep.data.pipeline import decode_and_resize, random_horizontal_flip, random_scale_crop, to_tensors
+from detsweep.data.augment import random_horizontal_flip, random_scale_crop
+from detsweep.data.pipeline import decode_and_resize, to_tensors
 from detsweep.data.processing import InputSpec
 
 from .conftest import run_cli

@@ -15,11 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf import message, text_format
+from google.protobuf.descriptor import FieldDescriptor
 
 from detsweep.errors import DetsweepError
-from detsweep.textproto import WrittenField, build_message_classes, written_fields
+from detsweep.textproto import WrittenField, as_written, build_message_classes, written_fields
+
+from .odapi_ssd import carry_ssd
+from .schema import AugmentationConfig
 
 _PACKAGE = "detsweep.odapi"
+_RESIZE_METHOD = "enum:BILINEAR,NEAREST_NEIGHBOR,BICUBIC,AREA"
 
 # (field name, number, type, default) per message, as detsweep.textproto reads them; a
 # type that is not a scalar names a message below; `repeated` marks repeated fields. Taken
@@ -35,9 +40,91 @@ _MESSAGES: dict[str, list[tuple]] = {
         # Not in the OD API: lets a file hold just an `optimizer { … }` block.
         ("optimizer", 100, "Optimizer"),
     ],
-    "DetectionModel": [("ssd", 2, "ArchitectureWithClasses"), ("faster_rcnn", 1, "ArchitectureWithClasses"),
+    "DetectionModel": [("ssd", 2, "Ssd"), ("faster_rcnn", 1, "ArchitectureWithClasses"),
                        ("center_net", 6, "ArchitectureWithClasses")],
     "ArchitectureWithClasses": [("num_classes", 1, "int32")],
+    # ssd.proto and the messages it uses, for the SSD that is RetinaNet (FPN, weight-shared box predictor)
+    "Ssd": [
+        ("num_classes", 1, "int32"),
+        ("image_resizer", 2, "ImageResizer"),
+        ("feature_extractor", 3, "SsdFeatureExtractor"),
+        ("box_coder", 4, "BoxCoder"),
+        ("matcher", 5, "Matcher"),
+        ("similarity_calculator", 6, "RegionSimilarityCalculator"),
+        ("box_predictor", 7, "BoxPredictor"),
+        ("anchor_generator", 8, "AnchorGenerator"),
+        ("post_processing", 9, "PostProcessing"),
+        ("normalize_loss_by_num_matches", 10, "bool", True),
+        ("loss", 11, "Loss"),
+        ("encode_background_as_zeros", 12, "bool", False),
+        ("negative_class_weight", 13, "float", 1.0),
+        ("normalize_loc_loss_by_codesize", 14, "bool", False),
+        ("inplace_batchnorm_update", 15, "bool", False),
+        ("freeze_batchnorm", 16, "bool", False),
+        ("add_background_class", 21, "bool", True),
+    ],
+    "ImageResizer": [("keep_aspect_ratio_resizer", 1, "KeepAspectRatioResizer"),
+                     ("fixed_shape_resizer", 2, "FixedShapeResizer")],
+    "KeepAspectRatioResizer": [("min_dimension", 1, "int32", 600), ("max_dimension", 2, "int32", 1024),
+                               ("resize_method", 3, _RESIZE_METHOD, "BILINEAR"),
+                               ("pad_to_max_dimension", 4, "bool", False)],
+    "FixedShapeResizer": [("height", 1, "int32", 300), ("width", 2, "int32", 300),
+                          ("resize_method", 3, _RESIZE_METHOD, "BILINEAR")],
+    "SsdFeatureExtractor": [
+        ("type", 1, "string"),
+        ("depth_multiplier", 2, "float", 1.0),
+        ("min_depth", 3, "int32", 16),
+        ("conv_hyperparams", 4, "Hyperparams"),
+        ("pad_to_multiple", 5, "int32", 1),
+        ("use_explicit_padding", 7, "bool", False),
+        ("use_depthwise", 8, "bool", False),
+        ("override_base_feature_extractor_hyperparams", 9, "bool", False),
+        ("fpn", 10, "FeaturePyramidNetworks"),
+    ],
+    "FeaturePyramidNetworks": [("min_level", 1, "int32", 3), ("max_level", 2, "int32", 7),
+                               ("additional_layer_depth", 3, "int32", 256)],
+    "Hyperparams": [("regularizer", 2, "Regularizer"), ("initializer", 3, "Initializer"),
+                    ("activation", 4, "enum:NONE,RELU,RELU_6", "RELU"), ("batch_norm", 5, "BatchNorm")],
+    "BatchNorm": [("decay", 1, "float", 0.999), ("center", 2, "bool", True), ("scale", 3, "bool", False),
+                  ("epsilon", 4, "float", 0.001), ("train", 5, "bool", True)],
+    "Initializer": [("random_normal_initializer", 3, "RandomNormalInitializer")],
+    "RandomNormalInitializer": [("mean", 1, "float", 0.0), ("stddev", 2, "float", 1.0)],
+    "Regularizer": [("l2_regularizer", 2, "L2Regularizer")],
+    "L2Regularizer": [("weight", 1, "float", 1.0)],
+    "BoxCoder": [("faster_rcnn_box_coder", 1, "FasterRcnnBoxCoder")],
+    "FasterRcnnBoxCoder": [("y_scale", 1, "float", 10.0), ("x_scale", 2, "float", 10.0),
+                           ("height_scale", 3, "float", 5.0), ("width_scale", 4, "float", 5.0)],
+    "Matcher": [("argmax_matcher", 1, "ArgMaxMatcher")],
+    "ArgMaxMatcher": [("matched_threshold", 1, "float", 0.5), ("unmatched_threshold", 2, "float", 0.5),
+                      ("ignore_thresholds", 3, "bool", False), ("negatives_lower_than_unmatched", 4, "bool", True),
+                      ("force_match_for_each_row", 5, "bool", False), ("use_matmul_gather", 6, "bool", False)],
+    "RegionSimilarityCalculator": [("iou_similarity", 2, "Empty")],
+    "BoxPredictor": [("weight_shared_convolutional_box_predictor", 4, "WeightSharedConvolutionalBoxPredictor")],
+    "WeightSharedConvolutionalBoxPredictor": [
+        ("conv_hyperparams", 1, "Hyperparams"),
+        ("depth", 2, "int32", 0),
+        ("num_layers_before_predictor", 4, "int32", 0),
+        ("kernel_size", 7, "int32", 3),
+        ("box_code_size", 8, "int32", 4),
+        ("class_prediction_bias_init", 10, "float", 0.0),
+        ("use_dropout", 11, "bool", False),
+    ],
+    "AnchorGenerator": [("multiscale_anchor_generator", 3, "MultiscaleAnchorGenerator")],
+    "MultiscaleAnchorGenerator": [("min_level", 1, "int32", 3), ("max_level", 2, "int32", 7),
+                                  ("anchor_scale", 3, "float", 4.0), ("aspect_ratios", 4, "float", None, "repeated"),
+                                  ("scales_per_octave", 5, "int32", 2), ("normalize_coordinates", 6, "bool", True)],
+    "PostProcessing": [("batch_non_max_suppression", 1, "BatchNonMaxSuppression"),
+                       ("score_converter", 2, "enum:IDENTITY,SIGMOID,SOFTMAX", "IDENTITY")],
+    "BatchNonMaxSuppression": [("score_threshold", 1, "float", 0.0), ("iou_threshold", 2, "float", 0.6),
+                               ("max_detections_per_class", 3, "int32", 100),
+                               ("max_total_detections", 5, "int32", 100),
+                               ("use_class_agnostic_nms", 7, "bool", False)],
+    "Loss": [("localization_loss", 1, "LocalizationLoss"), ("classification_loss", 2, "ClassificationLoss"),
+             ("classification_weight", 4, "float", 1.0), ("localization_weight", 5, "float", 1.0)],
+    "LocalizationLoss": [("weighted_smooth_l1", 2, "WeightedSmoothL1")],
+    "WeightedSmoothL1": [("delta", 2, "float", 1.0)],
+    "ClassificationLoss": [("weighted_sigmoid", 1, "Empty"), ("weighted_sigmoid_focal", 4, "SigmoidFocal")],
+    "SigmoidFocal": [("gamma", 2, "float", 2.0), ("alpha", 3, "float")],
     "TrainConfig": [
         ("data_augmentation_options", 2, "PreprocessingStep", None, "repeated"),
         ("optimizer", 4, "Optimizer"),
@@ -63,13 +150,13 @@ _MESSAGES: dict[str, list[tuple]] = {
         ("random_pixel_value_scale", 3, "Empty"),
         ("random_image_scale", 4, "Empty"),
         ("random_rgb_to_gray", 5, "Empty"),
-        ("random_adjust_brightness", 6, "Empty"),
-        ("random_adjust_contrast", 7, "Empty"),
-        ("random_adjust_hue", 8, "Empty"),
-        ("random_adjust_saturation", 9, "Empty"),
+        ("random_adjust_brightness", 6, "RandomAdjustBrightness"),
+        ("random_adjust_contrast", 7, "RandomAdjustContrast"),
+        ("random_adjust_hue", 8, "RandomAdjustHue"),
+        ("random_adjust_saturation", 9, "RandomAdjustSaturation"),
         ("random_distort_color", 10, "Empty"),
         ("random_jitter_boxes", 11, "Empty"),
-        ("random_crop_image", 12, "Empty"),
+        ("random_crop_image", 12, "RandomCropImage"),
         ("random_pad_image", 13, "Empty"),
         ("random_crop_pad_image", 14, "Empty"),
         ("random_crop_to_aspect_ratio", 15, "Empty"),
@@ -81,11 +168,44 @@ _MESSAGES: dict[str, list[tuple]] = {
         ("ssd_random_crop", 21, "Empty"),
         ("ssd_random_crop_pad", 22, "Empty"),
         ("ssd_random_crop_fixed_aspect_ratio", 23, "Empty"),
+        ("ssd_random_crop_pad_fixed_aspect_ratio", 24, "Empty"),
         ("random_vertical_flip", 25, "Empty"),
         ("random_rotation90", 26, "Empty"),
-        ("random_scale_crop_and_pad_to_square", 33, "RandomScaleCrop"),
+        ("rgb_to_gray", 27, "Empty"),
+        ("convert_class_logits_to_softmax", 28, "Empty"),
+        ("random_absolute_pad_image", 29, "RandomAbsolutePadImage"),
+        ("random_self_concat_image", 30, "Empty"),
+        ("autoaugment_image", 31, "Empty"),
+        ("drop_label_probabilistically", 32, "Empty"),
+        ("remap_labels", 33, "Empty"),
+        ("random_jpeg_quality", 34, "Empty"),
+        ("random_downscale_to_target_pixels", 35, "Empty"),
+        ("random_patch_gaussian", 36, "Empty"),
+        ("random_square_crop_by_scale", 37, "RandomSquareCropByScale"),
+        ("random_scale_crop_and_pad_to_square", 38, "RandomScaleCrop"),
+        ("adjust_gamma", 39, "Empty"),
     ],
-    "RandomHorizontalFlip": [("probability", 2, "float", 0.5)],
+    "RandomHorizontalFlip": [("keypoint_flip_permutation", 1, "int32", None, "repeated"),
+                             ("probability", 2, "float", 0.5)],
+    "RandomAdjustBrightness": [("max_delta", 1, "float", 0.2)],
+    "RandomAdjustContrast": [("min_delta", 1, "float", 0.8), ("max_delta", 2, "float", 1.25)],
+    "RandomAdjustHue": [("max_delta", 1, "float", 0.02)],
+    "RandomAdjustSaturation": [("min_delta", 1, "float", 0.8), ("max_delta", 2, "float", 1.25)],
+    "RandomCropImage": [
+        ("min_object_covered", 1, "float", 1.0),
+        ("min_aspect_ratio", 2, "float", 0.75),
+        ("max_aspect_ratio", 3, "float", 1.33),
+        ("min_area", 4, "float", 0.1),
+        ("max_area", 5, "float", 1.0),
+        ("overlap_thresh", 6, "float", 0.3),
+        ("random_coef", 7, "float", 0.0),
+        ("clip_boxes", 8, "bool", True),
+    ],
+    # No defaults: the OD API's builder reads an unset (0) padding as 1, an unset colour as the mean.
+    "RandomAbsolutePadImage": [("max_height_padding", 1, "int32"), ("max_width_padding", 2, "int32"),
+                               ("pad_color", 3, "float", None, "repeated")],
+    "RandomSquareCropByScale": [("max_border", 1, "int32", 128), ("scale_min", 2, "float", 0.6),
+                                ("scale_max", 3, "float", 1.3), ("num_scales", 4, "int32", 8)],
     "RandomScaleCrop": [("output_size", 1, "int32", 512), ("scale_min", 2, "float", 0.1), ("scale_max", 3, "float", 2.0)],
     "Empty": [],
     "Optimizer": [
@@ -138,17 +258,20 @@ _ONEOFS = {
     "Optimizer": ("optimizer", ["rms_prop_optimizer", "momentum_optimizer", "adam_optimizer"]),
     "LearningRate": ("learning_rate", [name for name, *_ in _MESSAGES["LearningRate"]]),
     "DetectionModel": ("model", ["ssd", "faster_rcnn", "center_net"]),
+    "ImageResizer": ("image_resizer_oneof", ["keep_aspect_ratio_resizer", "fixed_shape_resizer"]),
 }
 
 
 _CLASSES = build_message_classes("detsweep_odapi_subset.proto", _PACKAGE, _MESSAGES, _ONEOFS)
 
+_AUGMENTATION_OPTIONS = "train_config.data_augmentation_options"
 # Why the subset's fields that no converter below carries over are left out, by plain path.
 _WHY_LEFT_OUT = {
     "train_config.fine_tune_checkpoint_type": "goes with fine_tune_checkpoint, which is kept as a note",
     "train_config.from_detection_checkpoint": "goes with fine_tune_checkpoint, which is kept as a note",
-    "train_config.data_augmentation_options.random_scale_crop_and_pad_to_square.output_size":
+    f"{_AUGMENTATION_OPTIONS}.random_scale_crop_and_pad_to_square.output_size":
         "detsweep crops and pads to model.image_size",
+    f"{_AUGMENTATION_OPTIONS}.random_horizontal_flip.keypoint_flip_permutation": "detsweep has no keypoints",
     "eval_config.num_examples": "detsweep evaluates every image of data.val",
     "train_input_reader.shuffle": "detsweep always shuffles the training data",
     "eval_input_reader.shuffle": "detsweep reads data.val in order",
@@ -236,10 +359,10 @@ def convert_optimizer(optimizer: message.Message, source: str) -> dict[str, Any]
     section: dict[str, Any] = {"type": kind.removesuffix("_optimizer")}
     for name in ("momentum_optimizer_value", "decay", "epsilon"):
         if name in body.DESCRIPTOR.fields_by_name:
-            section[name] = _clean(getattr(body, name))
+            section[name] = as_written(getattr(body, name))
     section["learning_rate"] = _convert_learning_rate(body.learning_rate)
     section["use_moving_average"] = optimizer.use_moving_average
-    section["moving_average_decay"] = _clean(optimizer.moving_average_decay)
+    section["moving_average_decay"] = as_written(optimizer.moving_average_decay)
     return section
 
 
@@ -249,9 +372,9 @@ def _convert_learning_rate(rate: message.Message) -> dict[str, Any]:
     section: dict[str, Any] = {"type": kind.removesuffix("_learning_rate").replace("cosine_decay", "cosine")}
     for spec in body.DESCRIPTOR.fields:
         if spec.name == "schedule":
-            section["schedule"] = [{"step": s.step, "learning_rate": _clean(s.learning_rate)} for s in body.schedule]
+            section["schedule"] = [{"step": s.step, "learning_rate": as_written(s.learning_rate)} for s in body.schedule]
         else:
-            section[spec.name] = _clean(getattr(body, spec.name))
+            section[spec.name] = as_written(getattr(body, spec.name))
     return section
 
 
@@ -266,7 +389,7 @@ def _carry_train_config(train: message.Message, imported: Imported) -> None:
         imported.leave_out("train_config.num_steps",
                            "train_config.num_steps is 0 (train forever): detsweep's default num_steps is used")
     if train.gradient_clipping_by_norm:
-        section["gradient_clipping_by_norm"] = _clean(train.gradient_clipping_by_norm)
+        section["gradient_clipping_by_norm"] = as_written(train.gradient_clipping_by_norm)
     if train.use_bfloat16:  # model_lib_v2: `use_bfloat16 and use_tpu`, a flag the file does not hold
         imported.leave_out("train_config.use_bfloat16",
             "train_config.use_bfloat16: the OD API trains in bfloat16 on TPUs only (its --use_tpu); detsweep "
@@ -283,20 +406,41 @@ def _carry_train_config(train: message.Message, imported: Imported) -> None:
 
 
 def _carry_augmentations(options: Any, imported: Imported) -> None:
+    """Each step detsweep has becomes the data.augmentation section of its name, every field of it
+    as the OD API's builder reads it; the others, and a step given twice, are named."""
+    augmentation: dict[str, Any] = {}
     for index, option in enumerate(options):
         kind = _set_field(option)
-        path = f"train_config.data_augmentation_options[{index}].{kind}"
-        if kind == "random_horizontal_flip":
-            augmentation = imported.tree.setdefault("data", {}).setdefault("augmentation", {})
-            augmentation["random_horizontal_flip"] = _clean(option.random_horizontal_flip.probability)
-            imported.carry(f"{path}.probability")
-        elif kind == "random_scale_crop_and_pad_to_square":
-            crop = option.random_scale_crop_and_pad_to_square
-            augmentation = imported.tree.setdefault("data", {}).setdefault("augmentation", {})
-            augmentation[kind] = {"scale_min": _clean(crop.scale_min), "scale_max": _clean(crop.scale_max)}
-            imported.carry(f"{path}.scale_min", f"{path}.scale_max")
+        path = f"{_AUGMENTATION_OPTIONS}[{index}].{kind}"
+        if kind in augmentation:
+            imported.leave_out(path, f"{_AUGMENTATION_OPTIONS}.{kind}: given again; detsweep applies "
+                               "each step once, with the first one's settings")
+        elif kind in AugmentationConfig.model_fields:
+            augmentation[kind], fields = _augmentation_step(kind, getattr(option, kind))
+            imported.carry(*(f"{path}.{name}" for name in fields))
         elif kind:
-            imported.leave_out(path, f"train_config.data_augmentation_options.{kind}: not supported by detsweep")
+            imported.leave_out(path, f"{_AUGMENTATION_OPTIONS}.{kind}: not supported by detsweep")
+    if augmentation:
+        imported.tree.setdefault("data", {}).setdefault("augmentation", {}).update(augmentation)
+
+
+def _augmentation_step(kind: str, step: message.Message) -> tuple[Any, list[str]]:
+    """An OD API step as its data.augmentation value, and the names of the step's fields it holds."""
+    if kind == "random_horizontal_flip":  # the builder passes 0 as None: the function's default
+        return as_written(step.probability) or 0.5, ["probability"]
+    specs = [spec for spec in step.DESCRIPTOR.fields if f"{_AUGMENTATION_OPTIONS}.{kind}.{spec.name}" not in _WHY_LEFT_OUT]
+    section = {spec.name: _step_value(step, spec) for spec in specs}
+    if kind == "random_absolute_pad_image":  # the builder's `or 1`, and `or None` (the mean colour)
+        section["max_height_padding"] = section["max_height_padding"] or 1
+        section["max_width_padding"] = section["max_width_padding"] or 1
+        if not section["pad_color"]:
+            del section["pad_color"]
+    return section, [spec.name for spec in specs]
+
+
+def _step_value(step: message.Message, spec: FieldDescriptor) -> Any:
+    value = getattr(step, spec.name)
+    return [as_written(item) for item in value] if spec.is_repeated else as_written(value)
 
 
 def _carry_model(pipeline: message.Message, imported: Imported) -> None:
@@ -304,6 +448,9 @@ def _carry_model(pipeline: message.Message, imported: Imported) -> None:
         return
     architecture = pipeline.model.WhichOneof("model")
     if architecture is None:
+        return
+    if architecture == "ssd":  # with an FPN and a weight-shared box predictor, RetinaNet
+        carry_ssd(pipeline.model.ssd, imported)
         return
     num_classes = getattr(pipeline.model, architecture).num_classes
     if num_classes:
@@ -365,7 +512,3 @@ def _set_field(msg: message.Message) -> str | None:
     fields = msg.ListFields()
     return fields[0][0].name if fields else None
 
-
-def _clean(value: Any) -> Any:
-    """float32 fields read back as e.g. 0.004000000189989805; give people the number they wrote."""
-    return float(f"{value:.7g}") if isinstance(value, float) else value

@@ -12,7 +12,7 @@ each number independently (see the README's mapping table).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -197,21 +197,120 @@ class DatasetConfig(Section):
         return self
 
 
-class ScaleCropConfig(Section):
-    """The OD API's ``random_scale_crop_and_pad_to_square`` (defaults as there)."""
+class RangeSection(Section):
+    """A section whose ``(low, high)`` field pairs in ``ranges`` must be ordered."""
 
-    scale_min: Annotated[float, Field(gt=0)] = 0.1
-    scale_max: Annotated[float, Field(gt=0)] = 2.0
+    ranges: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @model_validator(mode="after")
-    def _ordered(self) -> ScaleCropConfig:
-        if self.scale_min > self.scale_max:
-            raise invalid("scale_min", self.scale_min, f"<= scale_max ({self.scale_max})")
+    def _ordered(self) -> RangeSection:
+        for low, high in self.ranges:
+            if getattr(self, low) > getattr(self, high):
+                raise invalid(low, getattr(self, low), f"<= {high} ({getattr(self, high)})")
         return self
 
 
+# Augmentations: the OD API's preprocessing steps, by its names, with its preprocessor.proto's
+# defaults. Each is off (None) unless set; a sweep may set any one field of a step.
+PositiveFloat = Annotated[float, Field(gt=0)]
+AreaShare = Annotated[float, Field(gt=0, le=1)]
+PixelValue = Annotated[float, Field(ge=0, le=255)]
+
+
+class ScaleCropConfig(RangeSection):
+    """The OD API's ``random_scale_crop_and_pad_to_square`` (defaults as there)."""
+
+    ranges = (("scale_min", "scale_max"),)
+    scale_min: PositiveFloat = 0.1
+    scale_max: PositiveFloat = 2.0
+
+
+class RandomCropImageConfig(RangeSection):
+    """The OD API's ``random_crop_image``: a window of the decoded image drawn by
+    ``tf.image.sample_distorted_bounding_box`` (defaults as its preprocessor.proto)."""
+
+    ranges = (("min_aspect_ratio", "max_aspect_ratio"), ("min_area", "max_area"))
+    min_object_covered: Probability = Field(1.0, description="the window covers at least this share of one box")
+    min_aspect_ratio: PositiveFloat = Field(0.75, description="the window's width / height, at least")
+    max_aspect_ratio: PositiveFloat = 1.33
+    min_area: AreaShare = Field(0.1, description="the window's share of the image's area, at least")
+    max_area: AreaShare = 1.0
+    overlap_thresh: Probability = Field(0.3, description="a box whose share inside the window is below this is "
+                                                         "dropped (as are boxes wholly outside it)")
+    clip_boxes: bool = Field(True, description="boxes are clipped to the window")
+    random_coef: Probability = Field(0.0, description="probability of keeping the original image")
+
+
+class BrightnessConfig(Section):
+    """The OD API's ``random_adjust_brightness``: pixels / 255 plus a delta drawn from
+    [-max_delta, max_delta], clipped to [0, 1]."""
+
+    max_delta: Annotated[float, Field(ge=0, le=1)] = 0.2
+
+
+class ContrastConfig(RangeSection):
+    """The OD API's ``random_adjust_contrast``: ``tf.image.adjust_contrast`` by a factor drawn from
+    [min_delta, max_delta]."""
+
+    ranges = (("min_delta", "max_delta"),)
+    min_delta: NonNegFloat = 0.8
+    max_delta: NonNegFloat = 1.25
+
+
+class HueConfig(Section):
+    """The OD API's ``random_adjust_hue``: ``tf.image.adjust_hue`` by a delta drawn from
+    [-max_delta, max_delta] (a share of the colour wheel)."""
+
+    max_delta: Annotated[float, Field(ge=0, le=1)] = 0.02
+
+
+class SaturationConfig(RangeSection):
+    """The OD API's ``random_adjust_saturation``: ``tf.image.adjust_saturation`` by a factor drawn
+    from [min_delta, max_delta]."""
+
+    ranges = (("min_delta", "max_delta"),)
+    min_delta: NonNegFloat = 0.8
+    max_delta: NonNegFloat = 1.25
+
+
+class SquareCropByScaleConfig(RangeSection):
+    """The OD API's ``random_square_crop_by_scale``: a square of side scale x the longer side,
+    around a centre at least a border from the edges; zeros where it leaves the image."""
+
+    ranges = (("scale_min", "scale_max"),)
+    max_border: PosInt = Field(128, description="the centre's distance from the edges in pixels, halved until "
+                                                "it is at most half the side")
+    scale_min: PositiveFloat = 0.6
+    scale_max: PositiveFloat = 1.3
+    num_scales: PosInt = Field(8, description="scales drawn from, evenly spaced from scale_min to scale_max")
+
+
+class AbsolutePadConfig(Section):
+    """The OD API's ``random_absolute_pad_image``: the image placed at random on a canvas larger by
+    [0, max_height_padding) and [0, max_width_padding) pixels."""
+
+    max_height_padding: PosInt = Field(1, description="unset in the OD API, which its builder reads as 1 "
+                                                      "(no padding)")
+    max_width_padding: PosInt = 1
+    pad_color: tuple[PixelValue, PixelValue, PixelValue] | None = Field(
+        None, description="RGB, 0..255; None: the image's mean colour (the OD API's default)")
+
+
 class AugmentationConfig(Section):
+    """The OD API's data_augmentation_options that detsweep has, each on the decoded image (before
+    the resize) in this order, whatever the order of an OD API file: random_crop_image, the colour
+    steps (brightness, contrast, hue, saturation), random_square_crop_by_scale,
+    random_absolute_pad_image, random_horizontal_flip; then, on the resized image,
+    random_scale_crop_and_pad_to_square."""
+
     random_horizontal_flip: Probability = Field(0.0, description="probability of a flip (the OD API's default is 0.5)")
+    random_crop_image: RandomCropImageConfig | None = None
+    random_adjust_brightness: BrightnessConfig | None = None
+    random_adjust_contrast: ContrastConfig | None = None
+    random_adjust_hue: HueConfig | None = None
+    random_adjust_saturation: SaturationConfig | None = None
+    random_square_crop_by_scale: SquareCropByScaleConfig | None = None
+    random_absolute_pad_image: AbsolutePadConfig | None = None
     random_scale_crop_and_pad_to_square: ScaleCropConfig | None = Field(
         None, description="scale jitter: zoom by a random factor, then crop or pad back to the square"
     )
@@ -223,21 +322,67 @@ class DataConfig(Section):
     augmentation: AugmentationConfig = AugmentationConfig()
 
 
-BackboneName = Literal["resnet_tiny", "resnet18", "resnet50"]
+BackboneName = Literal["resnet_tiny", "resnet18", "resnet50", "resnet101", "resnet152"]
+PosFloat = Annotated[float, Field(gt=0)]
 
 
 class ModelConfig(Section):
+    """keras-hub's RetinaNet, sized and trained by the OD API's names where it has them (the
+    README's mapping table lists each): the OD API's SSD with an FPN and a weight-shared box
+    predictor is this network."""
+
     name: Literal["retinanet"] = "retinanet"
     backbone: BackboneName = Field("resnet_tiny", description="a built-in encoder (random weights)")
-    weights: str = Field("none", description="'none', or a keras-hub preset whose backbone replaces `backbone`")
-    image_size: PosInt = Field(128, description="images are resized (aspect kept) and padded to this square")
+    weights: str = Field("none", description="'none', or a keras-hub preset: an image encoder's replaces "
+                                             "`backbone`; a whole RetinaNet's is the detector, its architecture wins")
+    image_size: PosInt = Field(128, description="the model's input is this square")
+    image_resizer: Literal["keep_aspect_ratio", "fixed_shape"] = Field(
+        "keep_aspect_ratio", description="keep_aspect_ratio: the longer side to image_size, padded to the square "
+        "(the OD API's keep_aspect_ratio_resizer with pad_to_max_dimension); fixed_shape: stretched to the square "
+        "(its fixed_shape_resizer)")
+    image_mean: tuple[float, float, float] | None = Field(
+        None, description="the input is (pixel - image_mean) / image_std, per channel in 0..255; None: ImageNet's "
+                          "statistics, what keras-hub's encoder presets expect (a detector preset sets its own)")
+    image_std: tuple[PosFloat, PosFloat, PosFloat] | None = None
     num_classes: PosInt | None = Field(None, description="None: the number of categories in the training data")
     min_level: Annotated[int, Field(ge=3, le=5)] = 3
     max_level: Annotated[int, Field(ge=3, le=7)] = 7
-    anchor_size: Annotated[float, Field(gt=0)] = Field(4.0, description="anchor side in units of its level's stride")
-    head_conv_layers: Annotated[int, Field(ge=0, le=4)] = Field(4, description="conv layers before each head")
+    anchor_size: PosFloat = Field(4.0, description="anchor side in units of its level's stride (the OD API's "
+                                                   "anchor_scale)")
+    scales_per_octave: Annotated[int, Field(ge=1, le=8)] = Field(3, description="anchor sizes per level, "
+                                                                                "2 ** (i / scales_per_octave) apart")
+    aspect_ratios: tuple[PosFloat, ...] = Field((2.0, 1.0, 0.5), min_length=1, description="anchor width / height "
+                                                                                        "(the OD API's ratio)")
+    head_conv_layers: Annotated[int, Field(ge=0, le=4)] = Field(4, description="conv layers before each head (the "
+                                                                               "OD API's num_layers_before_predictor)")
+    head_kernel_stddev: PosFloat | None = Field(
+        None, description="the heads' kernels start from a normal of this stddev (the OD API's box predictor "
+                          "random_normal_initializer; 0.01 in its RetinaNets); None: keras-hub's (0.05)")
+    class_prediction_bias_init: float | None = Field(
+        None, description="the classification head's starting bias (the OD API's; -4.6 is a prior of 0.01); "
+                          "None: keras-hub's zeros")
     use_sync_bn: bool = Field(False, description="batch norm's batch statistics over the global batch, every "
                                                  "replica's images (Model Garden's use_sync_bn)")
+    matched_threshold: Probability = Field(0.5, description="argmax_matcher's: an anchor with IoU at or above it "
+                                                            "learns the box")
+    unmatched_threshold: Probability = Field(0.4, description="argmax_matcher's: below it, background; between "
+                                                              "the two, ignored")
+    force_match_for_each_row: bool = Field(False, description="argmax_matcher's: every box keeps its best anchor")
+    box_coder_scales: tuple[PosFloat, PosFloat, PosFloat, PosFloat] = Field(
+        (1.0, 1.0, 1.0, 1.0), description="faster_rcnn_box_coder's y_scale, x_scale, height_scale, width_scale: "
+                                          "box targets are multiplied by them")
+    focal_alpha: Probability | None = Field(None, description="weighted_sigmoid_focal's alpha: positives weigh "
+                                                              "alpha, negatives 1 - alpha; None: no weighting")
+    focal_gamma: NonNegFloat = Field(2.0, description="weighted_sigmoid_focal's gamma")
+    classification_loss_over_classes: Literal["mean", "sum"] = Field(
+        "mean", description="mean: keras-hub's focal loss, averaged over the classes; sum: the OD API's")
+    smooth_l1_delta: PosFloat = Field(1.0, description="weighted_smooth_l1's delta (Keras's Huber)")
+    normalize_loc_loss_by_codesize: bool = Field(
+        True, description="the box loss divided by 4, its code size (true: keras-hub's Huber, a mean over the "
+                          "code; the OD API's default is false)")
+    l2_regularization: NonNegFloat = Field(
+        0.0, description="the OD API's l2_regularizer weight: every convolution kernel adds weight * 0.5 * "
+                         "sum(kernel ** 2) to the loss, as the OD API's Keras models apply it")
     classification_weight: NonNegFloat = Field(1.0, description="the OD API's loss.classification_weight")
     localization_weight: NonNegFloat = Field(1.0, description="the OD API's loss.localization_weight")
     score_threshold: Probability = Field(0.05, description="detections below are dropped (COCO convention)")
@@ -251,6 +396,11 @@ class ModelConfig(Section):
         stride = 2**self.max_level
         if self.image_size % stride:
             raise invalid("image_size", self.image_size, f"a multiple of {stride} (2 ** max_level)")
+        if (self.image_mean is None) != (self.image_std is None):
+            raise invalid("image_std", self.image_std, f"set together with image_mean ({self.image_mean})")
+        if self.unmatched_threshold > self.matched_threshold:
+            raise invalid("unmatched_threshold", self.unmatched_threshold,
+                          f"<= matched_threshold ({self.matched_threshold})")
         return self
 
 

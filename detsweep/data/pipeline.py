@@ -1,8 +1,10 @@
-"""A DetectionSet → tf.data: decode, resize (aspect kept) and pad, augment, pad boxes, batch.
+"""A DetectionSet → tf.data: decode, augment (training), resize and pad, pad boxes, batch.
 
-Every reader ends here, so COCO, VOC, TFRecord and synthetic data train identically.
-Boxes stay in absolute pixels (ymin, xmin, ymax, xmax) of the resized image; ``scale`` and
-``image_shape`` let :func:`~detsweep.data.processing.in_original_image` map detections back.
+Every reader ends here, so COCO, VOC, TFRecord and synthetic data train identically. As in the
+OD API, the augmentations of :mod:`~detsweep.data.augment` work on the decoded picture, before
+the resize (``random_scale_crop_and_pad_to_square`` excepted). Boxes end in absolute pixels
+(ymin, xmin, ymax, xmax) of the resized image; ``scale`` and ``image_shape`` let
+:func:`~detsweep.data.processing.in_original_image` map detections back.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import tensorflow as tf
 
 from detsweep.config import AugmentationConfig
 
-from .processing import InputSpec, pad_and_normalise, resize_longer_side
+from .augment import augmented, random_scale_crop
+from .processing import InputSpec, fit_to_input, pad_and_normalise, scaled_boxes
 from .records import DetectionSet
 
 
@@ -35,55 +38,40 @@ def to_tensors(dataset: DetectionSet, max_boxes: int) -> dict[str, np.ndarray]:
     }
 
 
-def decode_and_resize(element: dict, spec: InputSpec, from_files: bool) -> dict:
+def decoded(element: dict, from_files: bool) -> dict:
+    """``element`` with its picture decoded: ``image`` float32 ``[h, w, 3]``, pixels 0..255."""
     data = tf.io.read_file(element["image"]) if from_files else element["image"]
     # channels=3 turns grayscale into RGB and drops an alpha channel.
-    decoded = tf.io.decode_image(data, channels=3, expand_animations=False)
-    image, scale = resize_longer_side(decoded, spec.image_size)
+    image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    return {**element, "image": tf.cast(image, tf.float32)}
+
+
+def resized(element: dict, spec: InputSpec) -> dict:
+    """``element`` resized by ``spec``, boxes with it. ``image_shape`` is the shape of the image it
+    resized (the picture's at evaluation, the augmented image's in training) and ``scale`` maps
+    that image's pixels to ``resized_shape``'s."""
+    image, scale = fit_to_input(element["image"], spec)
     valid = element["labels"] >= 0
-    boxes = tf.where(valid[:, None], element["boxes"] * scale, -1.0)
+    boxes = tf.where(valid[:, None], scaled_boxes(element["boxes"], scale), -1.0)
     return {**element, "image": image, "boxes": boxes, "scale": scale, "resized_shape": tf.shape(image)[:2],
-            "image_shape": tf.shape(decoded)[:2]}
+            "image_shape": tf.shape(element["image"])[:2]}
 
 
-def random_horizontal_flip(element: dict, probability: float) -> dict:
-    """Flip image and boxes within the resized image (before padding), as the OD API does."""
-    flip = tf.random.uniform([]) < probability
-    width = tf.cast(element["resized_shape"][1], tf.float32)
-    ymin, xmin, ymax, xmax = tf.unstack(element["boxes"], axis=-1)
-    flipped = tf.stack([ymin, width - xmax, ymax, width - xmin], axis=-1)
-    valid = (element["labels"] >= 0)[:, None]
-    return {
-        **element,
-        "image": tf.cond(flip, lambda: tf.image.flip_left_right(element["image"]), lambda: element["image"]),
-        "boxes": tf.where(flip & valid, flipped, element["boxes"]),
-    }
+def decode_and_resize(element: dict, spec: InputSpec, from_files: bool) -> dict:
+    return resized(decoded(element, from_files), spec)
 
 
-def random_scale_crop(element: dict, spec: InputSpec, scale_min: float, scale_max: float) -> dict:
-    """Zoom the (resized) image by a random factor, then take a random ``image_size`` square
-    window of it (padding where the zoomed image is smaller). Boxes follow, clipped to the
-    window; boxes left with no area become padding. As the OD API's
-    ``random_scale_crop_and_pad_to_square``."""
-    size = spec.image_size
-    factor = tf.random.uniform([], scale_min, scale_max)
-    zoomed_shape = tf.maximum(tf.cast(tf.round(tf.cast(element["resized_shape"], tf.float32) * factor), tf.int32), 1)
-    image = tf.image.resize(element["image"], zoomed_shape)
-    free = tf.maximum(zoomed_shape - size, 0)
-    offset = tf.cast(tf.floor(tf.random.uniform([2]) * tf.cast(free + 1, tf.float32)), tf.int32)
-    window = tf.minimum(zoomed_shape, size)
-    image = tf.slice(image, [offset[0], offset[1], 0], [window[0], window[1], 3])
-    shift = tf.cast(tf.concat([offset, offset], 0), tf.float32)
-    limit = tf.cast(tf.concat([window, window], 0), tf.float32)
-    boxes = tf.clip_by_value(element["boxes"] * factor - shift, 0.0, limit)
-    kept = (element["labels"] >= 0) & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-    return {
-        **element,
-        "image": image,
-        "boxes": tf.where(kept[:, None], boxes, -1.0),
-        "labels": tf.where(kept, element["labels"], -1),
-        "resized_shape": window,
-    }
+def training_example(element: dict, spec: InputSpec, augmentation: AugmentationConfig,
+                     from_files: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """One ``(image, {"boxes", "labels"})`` of training, as the OD API makes it: the decoded
+    picture augmented, resized by ``spec``, scale-jittered on the resized image, padded and
+    normalised."""
+    element = resized(augmented(decoded(element, from_files), augmentation), spec)
+    jitter = augmentation.random_scale_crop_and_pad_to_square
+    if jitter is not None:
+        element = random_scale_crop(element, spec, jitter.scale_min, jitter.scale_max)
+    element = pad_and_normalise(element, spec)
+    return element["image"], {"boxes": element["boxes"], "labels": tf.cast(element["labels"], tf.float32)}
 
 
 def training_dataset(
@@ -101,16 +89,8 @@ def training_dataset(
     from_files = dataset.examples[0].encoded is None
     data = tf.data.Dataset.from_tensor_slices(to_tensors(dataset, spec.max_boxes))
     data = data.shard(*shard).shuffle(len(dataset.examples), seed=seed, reshuffle_each_iteration=True).repeat()
-    data = data.map(lambda e: decode_and_resize(e, spec, from_files), num_parallel_calls=tf.data.AUTOTUNE)
-    if augmentation.random_horizontal_flip > 0:
-        data = data.map(lambda e: random_horizontal_flip(e, augmentation.random_horizontal_flip),
-                        num_parallel_calls=tf.data.AUTOTUNE)
-    jitter = augmentation.random_scale_crop_and_pad_to_square
-    if jitter is not None:
-        data = data.map(lambda e: random_scale_crop(e, spec, jitter.scale_min, jitter.scale_max),
-                        num_parallel_calls=tf.data.AUTOTUNE)
-    data = data.map(lambda e: pad_and_normalise(e, spec), num_parallel_calls=tf.data.AUTOTUNE)
-    data = data.map(lambda e: (e["image"], {"boxes": e["boxes"], "labels": tf.cast(e["labels"], tf.float32)}))
+    # One map for the whole example: each map is a stage of its own, with its own buffers
+    data = data.map(lambda e: training_example(e, spec, augmentation, from_files), num_parallel_calls=tf.data.AUTOTUNE)
     return data.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 

@@ -13,34 +13,57 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from detsweep.config import ModelConfig
+
 # ImageNet statistics, as keras-hub's image converters normalise for pretrained encoders.
-# (Plain lists: a tf.constant at import time would start TensorFlow's runtime too early for
+# (Plain tuples: a tf.constant at import time would start TensorFlow's runtime too early for
 # MultiWorkerMirroredStrategy.)
-MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
-STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
 @dataclass(frozen=True)
 class InputSpec:
+    """How pictures become the model's input: ``image_resizer`` as the OD API's resizers
+    (``keep_aspect_ratio``: the longer side to ``image_size``, padded bottom and right to the
+    square; ``fixed_shape``: stretched to the square), then ``(pixel - mean) / std``."""
+
     image_size: int
     max_boxes: int = 100
+    image_resizer: str = "keep_aspect_ratio"
+    mean: tuple[float, float, float] = MEAN
+    std: tuple[float, float, float] = STD
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> InputSpec:
+        if model.image_mean is None:
+            return cls(model.image_size, image_resizer=model.image_resizer)
+        return cls(model.image_size, image_resizer=model.image_resizer, mean=model.image_mean, std=model.image_std)
 
 
 # --- pictures → the model's input ------------------------------------------------------------
 
-def resize_longer_side(images: tf.Tensor, image_size: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """An image ``[h, w, 3]`` (or a batch of one size, ``[b, h, w, 3]``) as float32 with its
-    longer side ``image_size``, aspect kept; and the scale from original to resized pixels."""
+def fit_to_input(images: tf.Tensor, spec: InputSpec) -> tuple[tf.Tensor, tf.Tensor]:
+    """An image ``[h, w, 3]`` (or a batch of one size, ``[b, h, w, 3]``) as float32, resized by
+    ``spec.image_resizer``; and the scale ``[2]`` (y, x) from original to resized pixels."""
     shape = tf.cast(tf.shape(images)[-3:-1], tf.float32)
-    scale = image_size / tf.reduce_max(shape)
+    if spec.image_resizer == "fixed_shape":
+        scale = spec.image_size / shape
+    else:
+        scale = tf.fill([2], spec.image_size / tf.reduce_max(shape))
     resized_shape = tf.cast(tf.round(shape * scale), tf.int32)
     return tf.image.resize(tf.cast(images, tf.float32), resized_shape), scale
+
+
+def scaled_boxes(boxes: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+    """``ymin, xmin, ymax, xmax`` boxes ``[..., 4]`` times a scale ``[2]`` (y, x)."""
+    return boxes * tf.tile(scale, [2])
 
 
 def pad_and_normalise(element: dict, spec: InputSpec) -> dict:
     """Pad bottom and right to the square, then normalise; one image or a batch."""
     image = tf.image.pad_to_bounding_box(element["image"], 0, 0, spec.image_size, spec.image_size)
-    image = (image - MEAN) / STD
+    image = (image - spec.mean) / spec.std
     image.set_shape(image.shape[:-3].concatenate([spec.image_size, spec.image_size, 3]))
     return {**element, "image": image}
 
@@ -56,7 +79,11 @@ def raw_predictions(model, images: tf.Tensor) -> dict[str, tf.Tensor]:
 def decoded_detections(model, images: tf.Tensor, predictions: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
     """The model's detections on model-ready ``images``: boxes in their pixels, contiguous labels.
     ``predictions``: the heads' outputs on them, when the caller has them already."""
-    return model.decode_predictions(raw_predictions(model, images) if predictions is None else predictions, images)
+    predictions = raw_predictions(model, images) if predictions is None else predictions
+    # keras-hub's decoding ignores its label encoder's variance, by which the box targets were divided
+    variance = tf.constant(model.label_encoder.box_variance, tf.float32)
+    return model.decode_predictions({**predictions, "bbox_regression": predictions["bbox_regression"] * variance},
+                                    images)
 
 
 def in_original_image(decoded: dict[str, tf.Tensor], scale: tf.Tensor, image_shape: tf.Tensor,
@@ -64,16 +91,16 @@ def in_original_image(decoded: dict[str, tf.Tensor], scale: tf.Tensor, image_sha
     """Detections back in each original image: ``boxes`` in its pixels, clipped to it;
     ``classes`` as the dataset's category ids; ``scores``; ``num_detections``.
 
-    ``scale`` (a scalar or ``[b]``) maps original to resized pixels; ``image_shape`` is
-    ``[height, width]`` or ``[b, 2]``. Detections of no category (a model with more classes
+    ``scale`` (``[2]`` or ``[b, 2]``, y and x) maps original to resized pixels; ``image_shape``
+    is ``[height, width]`` or ``[b, 2]``. Detections of no category (a model with more classes
     than the data) or with no area left inside the image are dropped; the rest keep their
     order, and rows past ``num_detections`` are zeros.
     """
     boxes, labels = decoded["boxes"], decoded["labels"]
     batch, rows = tf.shape(labels)[0], tf.shape(labels)[1]
-    scale = tf.broadcast_to(tf.cast(scale, tf.float32), [batch])[:, None, None]
+    scale = tf.broadcast_to(tf.reshape(tf.cast(scale, tf.float32), [-1, 2]), [batch, 2])
     size = tf.broadcast_to(tf.cast(image_shape, tf.float32), [batch, 2])
-    boxes = tf.minimum(tf.maximum(boxes / scale, 0.0), tf.tile(size, [1, 2])[:, None, :])
+    boxes = tf.minimum(tf.maximum(boxes / tf.tile(scale, [1, 2])[:, None, :], 0.0), tf.tile(size, [1, 2])[:, None, :])
     keep = ((tf.range(rows)[None, :] < tf.cast(decoded["num_detections"], tf.int32)[:, None])
             & (labels >= 0) & (labels < len(category_ids))
             & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1]))
@@ -93,7 +120,7 @@ def detect_pictures(model, images: tf.Tensor, spec: InputSpec, category_ids: lis
     """uint8 pictures ``[b, height, width, 3]`` of one size → the OD API's outputs:
     ``detection_boxes`` normalised to the picture, ``detection_classes`` (category ids, int64),
     ``detection_scores``, ``num_detections`` (int64)."""
-    resized, scale = resize_longer_side(images, spec.image_size)
+    resized, scale = fit_to_input(images, spec)
     batch = pad_and_normalise({"image": resized}, spec)["image"]
     image_shape = tf.shape(images)[1:3]
     found = in_original_image(decoded_detections(model, batch), scale, image_shape, category_ids)

@@ -11,8 +11,7 @@ from detsweep.data.processing import InputSpec, detect_pictures
 
 
 class Detector:
-    def __init__(self, model, image_size: int, category_ids: list[int]):
-        spec = InputSpec(image_size)
+    def __init__(self, model, spec: InputSpec, category_ids: list[int]):
         pictures = tf.TensorSpec([None, None, None, 3], tf.uint8)
         self._detect = tf.function(lambda images: detect_pictures(model, images, spec, category_ids),
                                    input_signature=[pictures])
@@ -25,7 +24,7 @@ class Detector:
         trained = load_trained_model(directory)
         if use_average and trained.moving_average is not None:
             trained.moving_average.swap()
-        return cls(trained.model, trained.config.model.image_size, [c.id for c in trained.categories])
+        return cls(trained.model, InputSpec.of(trained.config.model), [c.id for c in trained.categories])
 
     def detect(self, images: np.ndarray) -> dict[str, np.ndarray]:
         """``images``: uint8 ``[batch, height, width, 3]``."""

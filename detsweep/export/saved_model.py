@@ -43,7 +43,7 @@ def export_saved_model(checkpoint_dir: str | Path, out_dir: str | Path, use_aver
     averaged = use_average and trained.moving_average is not None
     if averaged:
         trained.moving_average.swap()
-    module = DetectionModule(trained.model, trained.config.model.image_size, [c.id for c in trained.categories])
+    module = DetectionModule(trained.model, InputSpec.of(trained.config.model), [c.id for c in trained.categories])
     with staged_folder(out) as folder:
         tf.saved_model.save(module, str(folder), signatures={SIGNATURE: module.serve})
         shutil.copyfile(Path(checkpoint_dir) / CONFIG_FILE, folder / CONFIG_FILE)
@@ -61,10 +61,10 @@ def read_export_info(directory: str | Path) -> dict:
 class DetectionModule(tf.Module):
     """The serving graph around a trained detector: :func:`~detsweep.data.processing.detect_pictures`."""
 
-    def __init__(self, model, image_size: int, category_ids: list[int]):
+    def __init__(self, model, spec: InputSpec, category_ids: list[int]):
         super().__init__()
         self.model = model
-        self.spec = InputSpec(image_size)
+        self.spec = spec
         self.category_ids = category_ids
 
     @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")])

@@ -2,7 +2,7 @@
 
 ``model.tflite`` has the SavedModel's ``serving_default`` signature, with dynamic input
 sizes: give the interpreter's input tensor the image's shape (a signature runner does it
-itself). It needs builtin ops only (see :class:`detsweep.models.retinanet.TensorFlowNonMaxSuppression`),
+itself). It needs builtin ops only (see :class:`detsweep.models.detector_parts.TensorFlowNonMaxSuppression`),
 so the plain interpreter runs it: TF 2.21's Python interpreter has no Flex delegate.
 
 It is converted from the SavedModel's signature as loaded back: in TF 2.21,

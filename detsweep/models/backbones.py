@@ -33,6 +33,8 @@ BACKBONES: dict[str, Callable[[], keras.Model]] = {
     "resnet_tiny": _resnet([64, 64, 96, 128], [1, 1, 1, 1], "basic_block", stem_kernel=3),
     "resnet18": _resnet([64, 128, 256, 512], [2, 2, 2, 2], "basic_block"),
     "resnet50": _resnet([64, 128, 256, 512], [3, 4, 6, 3], "bottleneck_block"),
+    "resnet101": _resnet([64, 128, 256, 512], [3, 4, 23, 3], "bottleneck_block"),
+    "resnet152": _resnet([64, 128, 256, 512], [3, 8, 36, 3], "bottleneck_block"),
 }
 
 

@@ -1,12 +1,14 @@
-"""Is ``model.weights`` a keras-hub preset that can be the detector's image encoder?
+"""Is ``model.weights`` a keras-hub preset detsweep can start from: an image encoder's (the OD
+API's ``classification`` checkpoint) or a whole RetinaNet's (its ``detection`` checkpoint,
+:mod:`.detector_presets`)?
 
 Asked once, on the driver, before Ray or MLflow start: the workers load the preset with
-keras-hub's ``Backbone.from_preset``, and a preset it cannot load, or one that is not an
-image encoder, would otherwise be found only there, after the cluster started. A preset is
-read as keras-hub reads it (``keras_hub/src/utils/preset_utils.py``): a folder is one when
-keras-hub's loader recognises its ``config.json``, whose class is the backbone's, and its
-``task.json`` names the task (a whole detector) saved with it. Handles are only checked for
-their form: nothing can be downloaded before the workers do it.
+keras-hub's ``from_preset``, and a preset it cannot load, or one of another kind, would
+otherwise be found only there, after the cluster started. A preset is read as keras-hub reads
+it (``keras_hub/src/utils/preset_utils.py``): a folder is one when keras-hub's loader
+recognises its ``config.json``, whose class is the backbone's, and its ``task.json`` names the
+task (e.g. a whole detector) saved with it. Handles are only checked for their form: nothing
+can be downloaded before the workers do it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from __future__ import annotations
 import os
 import re
 
+from detsweep.config import ModelConfig
 from detsweep.errors import DetsweepError
 
-EXPECTED = ("expected a keras-hub backbone preset: a folder a backbone's save_to_preset wrote, "
-            "kaggle://owner/model/keras/variant[/version], hf://owner/name, or a keras-hub preset name "
-            "such as resnet_50_imagenet")
-DETECTOR = ("a whole-detector preset ({kind}); whole-detector presets are not supported yet as model.weights, "
-            "expected a backbone preset (e.g. resnet_50_imagenet)")
+from .detector_presets import check_retinanet_preset, preset_model_config, preset_overrides
+
+EXPECTED = ("expected a keras-hub preset of an image encoder or of a RetinaNet detector: a folder save_to_preset "
+            "wrote, kaggle://owner/model/keras/variant[/version], hf://owner/name, or a keras-hub preset name "
+            "such as resnet_50_imagenet or retinanet_resnet50_fpn_coco")
+KINDS = ("expected one of an image encoder with a feature pyramid (e.g. resnet_50_imagenet) "
+         "or of a whole RetinaNet (e.g. retinanet_resnet50_fpn_coco)")
 
 # keras-hub's own handle forms (get_file): Kaggle's four or five segments with the framework
 # "keras" third, and Hugging Face's repository id, owner/name.
@@ -28,10 +33,11 @@ KAGGLE_HANDLE = re.compile(r"kaggle://[\w.-]+/[\w.-]+/keras/[\w.-]+(/\d+)?")
 HF_HANDLE = re.compile(r"hf://[\w.-]+/[\w.-]+")
 
 
-def check_backbone_preset(weights: str, field: str, local: bool = True) -> list[str]:
-    """Refuse, in one line naming ``field``, a ``model.weights`` that is not ``none`` nor a
-    backbone preset keras-hub can load. Not ``local`` (a cluster's nodes, not this machine,
-    hold the folders), a folder is left unchecked: returned, for the caller to say so."""
+def check_weights_preset(weights: str, field: str, local: bool = True) -> list[str]:
+    """Refuse, in one line naming ``field``, a ``model.weights`` that is not ``none`` nor a preset
+    keras-hub can load of an image encoder or a whole RetinaNet. Not ``local`` (a cluster's nodes,
+    not this machine, hold the folders), a folder is left unchecked: returned, for the caller to
+    say so."""
     if weights == "none":
         return []
     if "://" in weights:
@@ -66,22 +72,22 @@ def check_handle(handle: str, field: str) -> None:
 
 
 def check_preset_name(name: str, field: str) -> None:
-    """A name from keras-hub's registry, of an image encoder."""
+    """A name from keras-hub's registry, of a RetinaNet detector or an image encoder."""
     import keras_hub
 
     if name in keras_hub.models.ObjectDetector.presets:
-        raise DetsweepError(f"{field}: found {name!r}, " + DETECTOR.format(kind="a keras-hub ObjectDetector's"))
+        check_retinanet_preset(name, field)
+        return
     if name in _image_encoder_presets():
         return
     if name in keras_hub.models.Backbone.presets:
-        raise DetsweepError(f"{field}: found {name!r}, a keras-hub preset of another kind of backbone; "
-                            "expected one of an image encoder with a feature pyramid (e.g. resnet_50_imagenet)")
+        raise DetsweepError(f"{field}: found {name!r}, a keras-hub preset of another kind of backbone; {KINDS}")
     raise DetsweepError(f"{field}: found {name!r}, neither a folder nor a keras-hub preset name; {EXPECTED}")
 
 
 def check_preset_folder(folder: str, field: str) -> None:
-    """keras-hub's loader recognises the folder, its backbone is an image encoder with a feature
-    pyramid (what RetinaNet builds on), and no detector was saved with it."""
+    """keras-hub's loader recognises the folder, and it holds a whole RetinaNet (its task.json), or
+    the backbone alone of an image encoder with a feature pyramid (what RetinaNet builds on)."""
     from keras_hub.src.utils import preset_utils
 
     if not os.path.exists(folder):
@@ -93,13 +99,29 @@ def check_preset_folder(folder: str, field: str) -> None:
                             f"(no {preset_utils.CONFIG_FILE}); {EXPECTED}")
     backbone, task = _preset_classes(folder, field)
     if task is not None and _is_detector(task):
-        raise DetsweepError(f"{field}: found {folder!r}, " + DETECTOR.format(kind=task.__name__))
+        check_detector_folder(folder, field)
+        return
     if _is_detector_backbone(backbone):
-        raise DetsweepError(f"{field}: found {folder!r}, " + DETECTOR.format(kind=f"{backbone.__name__}, a detector's backbone"))
+        raise DetsweepError(f"{field}: found {folder!r}, a preset of {backbone.__name__}, a detector's backbone "
+                            "without its heads (no task.json); " + KINDS)
     if not _is_image_encoder(backbone):
         raise DetsweepError(f"{field}: found {folder!r}, a preset of {backbone.__name__}; expected one of an image "
-                            "encoder with a feature pyramid (a keras-hub FeaturePyramidBackbone, e.g. ResNetBackbone)")
+                            "encoder with a feature pyramid (a keras-hub FeaturePyramidBackbone, e.g. ResNetBackbone) "
+                            "or of a whole RetinaNet")
     _check_weights_file(folder, field)
+
+
+def check_detector_folder(folder: str, field: str) -> None:
+    """A whole RetinaNet's preset, with its backbone's and its heads' weights, whose architecture
+    the model section can hold (what the workers will replace the config's with)."""
+    from keras_hub.src.utils import preset_utils
+
+    check_retinanet_preset(folder, field)
+    _check_weights_file(folder, field)
+    if not os.path.exists(os.path.join(folder, preset_utils.TASK_WEIGHTS_FILE)):
+        raise DetsweepError(f"{field}: found {folder!r}, a detector's preset without its heads' weights "
+                            f"(no {preset_utils.TASK_WEIGHTS_FILE}); {EXPECTED}")
+    preset_model_config(ModelConfig(weights=folder), field)
 
 
 def _preset_classes(folder: str, field: str) -> tuple[type, type | None]:
@@ -158,3 +180,12 @@ def _is_detector_backbone(backbone: type) -> bool:
 
     detectors = preset_utils.list_subclasses(keras_hub.models.ObjectDetector)
     return any(issubclass(backbone, detector.backbone_cls) for detector in detectors if detector.backbone_cls)
+
+
+def architecture_note(model: ModelConfig) -> str | None:
+    """The one line saying which model fields a whole-detector preset in a folder here replaces
+    (:func:`~.detector_presets.preset_overrides`); None for anything else, and for a registry
+    name or a handle, which only the workers download."""
+    if model.weights == "none" or "://" in model.weights or not os.path.isdir(model.weights):
+        return None
+    return preset_overrides(model)

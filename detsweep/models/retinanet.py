@@ -1,8 +1,9 @@
 """RetinaNet from keras-hub: its feature pyramid, anchor generator, box matcher, heads and NMS.
 
-detsweep adds nothing to the architecture. It only chooses sizes (pyramid levels, head
-depth), exposes the two losses separately so that training can report them, and has
-TensorFlow's own function do keras-hub's NMS (see :class:`TensorFlowNonMaxSuppression`).
+detsweep adds nothing to the architecture. It chooses sizes (pyramid levels, anchors, head
+depth) and the OD API's settings where keras-hub takes them (:mod:`.detector_parts`), and
+exposes the two losses separately so that training can report them. A whole-detector preset
+is built by :mod:`.detector_presets` instead.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from keras import ops
 from detsweep.config import ModelConfig
 
 from .backbones import build_backbone
+from .detector_parts import anchor_generator, finish_detector, label_encoder, start_heads
+from .detector_presets import build_detector_from_preset, is_detector_preset
 
 
 def build_retinanet(config: ModelConfig, num_classes: int) -> keras_hub.models.RetinaNetObjectDetector:
+    if is_detector_preset(config.weights):
+        return build_detector_from_preset(config, num_classes)
     encoder = build_backbone(config.backbone, config.weights)
     backbone = keras_hub.models.RetinaNetBackbone(
         image_encoder=encoder,
@@ -28,79 +33,17 @@ def build_retinanet(config: ModelConfig, num_classes: int) -> keras_hub.models.R
         use_p5=False,
         image_shape=(config.image_size, config.image_size, 3),
     )
-    # keras-hub's anchors with a configurable size: an object needs an anchor with IoU >= 0.5
-    # to be learnt at all, so small images with small objects need smaller anchors.
-    anchors = keras_hub.layers.AnchorGenerator(
-        "yxyx", min_level=config.min_level, max_level=config.max_level,
-        num_scales=3, aspect_ratios=[0.5, 1.0, 2.0], anchor_size=config.anchor_size,
-    )
+    anchors = anchor_generator(config)
     detector = keras_hub.models.RetinaNetObjectDetector(
         backbone=backbone,
         num_classes=num_classes,
         bounding_box_format="yxyx",
         anchor_generator=anchors,
+        label_encoder=label_encoder(config, anchors),
         pre_logits_num_conv_layers=config.head_conv_layers,
     )
-    if config.use_sync_bn:
-        synchronize_batch_norm(detector)
-    detector.prediction_decoder = TensorFlowNonMaxSuppression(
-        bounding_box_format="yxyx",
-        from_logits=True,
-        confidence_threshold=config.score_threshold,
-        iou_threshold=config.nms_iou_threshold,
-        max_detections=config.max_detections,
-    )
-    return detector
-
-
-def synchronize_batch_norm(model: keras.Model) -> None:
-    """Every batch norm layer of ``model`` takes its batch statistics over all replicas (Keras's
-    ``synchronized``, read at each call): with several replicas, one device's statistics on
-    the global batch. keras-hub builds its layers without the option."""
-    for layer in _all_layers(model):
-        if isinstance(layer, keras.layers.BatchNormalization):
-            layer.synchronized = True
-
-
-def _all_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    nested = getattr(layer, "layers", [])
-    return [layer, *(inner for child in nested for inner in _all_layers(child))]
-
-
-@keras.saving.register_keras_serializable(package="detsweep")
-class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
-    """keras-hub's NMS, computed by ``tf.image.non_max_suppression_padded``: the TensorFlow
-    function keras-hub's is a port of, with the same settings and the same boxes (boxes of
-    exactly equal score may come in another order).
-
-    - keras-hub builds the indices of its tiles of 512 boxes from a float ``linspace``. In a
-      ``tf.function`` (evaluation, exported models), TensorFlow's constant folding rewrites
-      that arithmetic and 48 indices of the first tile come out one too small: 48 of the 512
-      best-scoring boxes are never considered. Eagerly the result is exact greedy NMS, and
-      TensorFlow's version, which slices with integers, gives it in both.
-    - TensorFlow's version takes a batch of any size; keras-hub's needs a static one.
-    - Keras's argmax of floats adds a BitwiseAnd (to put -0.0 below 0.0), for which TFLite has
-      no builtin kernel; sigmoid scores are never -0.0, so ``tf.argmax`` gives the same labels.
-
-    Boxes stay in the model's format: ``yxyx``, the one the suppression reads. Rows past
-    ``num_detections`` are -1, as keras-hub's.
-    """
-
-    def call(self, box_prediction, class_prediction, images=None):
-        # float32 whatever the policy: under mixed_float16 Keras hands a layer float16 inputs
-        box_prediction, class_prediction = tf.cast(box_prediction, tf.float32), tf.cast(class_prediction, tf.float32)
-        scores = ops.sigmoid(class_prediction) if self.from_logits else class_prediction
-        confidence = ops.max(scores, axis=-1)
-        kept, count = tf.image.non_max_suppression_padded(
-            box_prediction, confidence, self.max_detections, iou_threshold=self.iou_threshold,
-            score_threshold=self.confidence_threshold, pad_to_max_output_size=True, canonicalized_coordinates=True)
-        valid = tf.range(self.max_detections)[None, :] < count[:, None]
-        return {
-            "boxes": tf.where(valid[..., None], tf.gather(box_prediction, kept, batch_dims=1), -1.0),
-            "confidence": tf.where(valid, tf.gather(confidence, kept, batch_dims=1), -1.0),
-            "labels": tf.where(valid, tf.argmax(tf.gather(scores, kept, batch_dims=1), -1, output_type=tf.int32), -1),
-            "num_detections": count,
-        }
+    start_heads(config, detector.classification_head, detector.box_head)
+    return finish_detector(detector, config)
 
 
 class RetinaNetLosses:
@@ -116,9 +59,16 @@ class RetinaNetLosses:
 
     def __init__(self, detector: keras_hub.models.RetinaNetObjectDetector, config: ModelConfig):
         self.detector = detector
-        self.weights = {"box": config.localization_weight, "classification": config.classification_weight}
-        self.box_loss = keras.losses.Huber(reduction="sum")
-        self.classification_loss = keras.losses.BinaryFocalCrossentropy(from_logits=True, reduction="sum")
+        # Keras's losses average over their last axis (the box code, the classes); the OD API's
+        # sum over it, then may divide the box loss by the code's size: weights undo the mean.
+        box_weight = 1.0 if config.normalize_loc_loss_by_codesize else 4.0
+        class_weight = detector.num_classes if config.classification_loss_over_classes == "sum" else 1.0
+        self.weights = {"box": config.localization_weight * box_weight,
+                        "classification": config.classification_weight * class_weight}
+        self.box_loss = keras.losses.Huber(delta=config.smooth_l1_delta, reduction="sum")
+        self.classification_loss = keras.losses.BinaryFocalCrossentropy(
+            apply_class_balancing=config.focal_alpha is not None, alpha=0.25 if config.focal_alpha is None else config.focal_alpha,
+            gamma=config.focal_gamma, from_logits=True, reduction="sum")
 
     def __call__(self, images: tf.Tensor, targets: dict, predictions: dict,
                  image_weights: tf.Tensor | None = None,

@@ -47,6 +47,7 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
 
     notes = [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}"
              for where in check_preset(sweep, local=on_a_node)]
+    notes += preset_note(sweep) if on_a_node else []
     try:
         check_fits(sweep, capacity)
     except DetsweepError as error:
@@ -91,9 +92,19 @@ def check_preset(sweep: Sweep, local: bool) -> list[str]:
     would run, never a note; not ``local``, a preset folder is the nodes' and is returned."""
     if sweep.base.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
         return []
-    from detsweep.models.presets import check_backbone_preset
+    from detsweep.models.presets import check_weights_preset
 
-    return check_backbone_preset(sweep.base.model.weights, f"{sweep.path}: base.model.weights", local=local)
+    return check_weights_preset(sweep.base.model.weights, f"{sweep.path}: base.model.weights", local=local)
+
+
+def preset_note(sweep: Sweep) -> list[str]:
+    """What a whole-detector preset in a folder here replaces in the base's model section."""
+    if sweep.base.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
+        return []
+    from detsweep.models.presets import architecture_note
+
+    note = architecture_note(sweep.base.model)
+    return [note] if note else []
 
 
 def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str, Any]:

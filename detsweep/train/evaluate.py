@@ -35,7 +35,7 @@ class Evaluator:
         self.batches = evaluation_dataset(val_set, spec, batch_size)
         category_ids = [category.id for category in val_set.categories]
         image_spec = tf.TensorSpec([batch_size, spec.image_size, spec.image_size, 3], tf.float32)
-        meta_spec = {"image_id": tf.TensorSpec([batch_size], tf.int64), "scale": tf.TensorSpec([batch_size], tf.float32),
+        meta_spec = {"image_id": tf.TensorSpec([batch_size], tf.int64), "scale": tf.TensorSpec([batch_size, 2], tf.float32),
                      "image_shape": tf.TensorSpec([batch_size, 2], tf.int32),
                      "boxes": tf.TensorSpec([batch_size, spec.max_boxes, 4], tf.float32),
                      "labels": tf.TensorSpec([batch_size, spec.max_boxes], tf.float32)}
@@ -115,6 +115,6 @@ def evaluate_checkpoint(directory: str | Path, overrides: list[str] = (), verify
     if trained.config.data.val is None:
         raise DetsweepError(f"{directory}: the checkpoint's config has no data.val; give one with --set data.val.…")
     val_set = load_dataset(trained.config.data.val, verify=verify)
-    evaluator = Evaluator(trained.model, val_set, InputSpec(trained.config.model.image_size), batch_size=8,
+    evaluator = Evaluator(trained.model, val_set, InputSpec.of(trained.config.model), batch_size=8,
                           losses=trained.losses)
     return {"step": trained.step, **evaluator.evaluate_with_average(trained.moving_average, picture=picture)}

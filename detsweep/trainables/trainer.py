@@ -137,10 +137,13 @@ def check_weights(config: TrialConfig, field: str) -> None:
     """The preset ``model.weights`` names can be the image encoder (:mod:`detsweep.models.presets`)."""
     if config.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
         return
-    from detsweep.models.presets import check_backbone_preset
+    from detsweep.models.presets import architecture_note, check_weights_preset
 
     with console.working(f"checking the preset {config.model.weights}"):
-        check_backbone_preset(config.model.weights, field)
+        check_weights_preset(config.model.weights, field)
+        note = architecture_note(config.model)
+    if note:
+        console.say(note)
 
 
 def check_fit(config: TrialConfig, where: str):
