@@ -1,6 +1,6 @@
 """Scaling: the quickstart trial through Ray Train with 1 worker (all cores) and with 2 workers
-(MultiWorkerMirroredStrategy, the cores split), same global batch. With ``--gpu``: the model of
-``sweeps/coco_gpu.yaml`` (RetinaNet, ResNet-50, 640 px) on one GPU and on every GPU here, in
+(MultiWorkerMirroredStrategy, the cores split), same global batch. With ``--gpu``: a ResNet-50
+FPN RetinaNet at 640 px (the zoo's network, as ``sweeps/coco_gpu.yaml`` trains one) on one GPU and on every GPU here, in
 float32 and ``mixed_float16``, with and without XLA (detsweep's loop, in-process); it refuses
 on a machine without GPUs, and ``--gpu --smoke`` runs it tiny on two logical CPU devices.
 
@@ -43,7 +43,7 @@ def workers(args) -> None:
     ), args.out)
 
 
-# The model of sweeps/coco_gpu.yaml (random encoder weights: the speed is the same).
+# A ResNet-50 FPN RetinaNet, levels 3-7 (random encoder weights: the speed is the same).
 # Its image size is the run's own (640 px; the smoke's smaller).
 COCO_GPU = ["model.backbone=resnet50", "model.max_level=7", "model.head_conv_layers=4"]
 
@@ -87,7 +87,7 @@ def gpu(args) -> None:
                          "n/a (CPU)" if peak is None else peak / 1e9])
     record("scaling_gpu", Entry(
         title=("Two logical CPU devices standing in for GPUs" if args.smoke else "This machine's GPUs") + ": "
-              "the coco_gpu model by precision, XLA and devices (bench/scaling.py --gpu)",
+              "a ResNet-50 RetinaNet by precision, XLA and devices (bench/scaling.py --gpu)",
         settings={"devices": devices, "image_size": size, "batch_per_device": per_device, "windows": windows,
                   "steps_per_loop": steps, "encoder": "resnet50 (random init)" if not args.smoke else "quickstart's"},
         rows=rows,

@@ -184,7 +184,7 @@ def test_hue_turns_by_at_most_max_delta_keeping_saturation_and_value():
     pixels = [[200, 80, 40], [30, 160, 90]]
     before = hsv(tf.constant([pixels], tf.float32))
     turns = []
-    for _ in range(20):
+    for _ in range(40):  # none of 40 draws below -0.05 (or above 0.05): once in 100 000
         after = hsv(random_adjust_hue(grey_example(pixels), HueConfig(max_delta=0.1))["image"])
         turn = (after[:, 0] - before[:, 0] + 0.5) % 1.0 - 0.5
         assert np.allclose(turn, turn[0], atol=2e-3) and abs(turn[0]) <= 0.1 + 2e-3
@@ -318,3 +318,42 @@ def test_a_sweep_sets_one_field_of_a_step_and_ranges_are_checked(write):
         load_trial_config(path, ["data.augmentation.random_crop_image.min_area=0.9",
                                  "data.augmentation.random_crop_image.max_area=0.5"])
     assert "data.augmentation.random_crop_image.min_area: found 0.9, expected <= max_area (0.5)" in str(error.value)
+
+
+EVERY_STEP = dict(
+    random_horizontal_flip=0.5, random_crop_image={"min_object_covered": 0.0}, random_adjust_brightness={},
+    random_adjust_contrast={}, random_adjust_hue={}, random_adjust_saturation={}, random_square_crop_by_scale={},
+    random_absolute_pad_image={"max_height_padding": 40, "max_width_padding": 40})
+
+
+def first_batches(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first three batches with every step on, from a pipeline seeded with ``seed`` under the
+    global seed ``seed`` (training sets both: ``keras.utils.set_random_seed(train.seed)``); its
+    parallel map may run the examples in any order."""
+    tf.random.set_seed(seed)
+    data = training_dataset(generate_synthetic(4, 80, 3, seed=1), InputSpec(96, max_boxes=MAX_BOXES),
+                            AugmentationConfig(**EVERY_STEP, random_scale_crop_and_pad_to_square={"scale_min": 0.5}),
+                            batch_size=4, seed=seed)
+    batches = list(data.take(3))
+    return (np.stack([images.numpy() for images, _ in batches]),
+            np.stack([targets["boxes"].numpy() for _, targets in batches]))
+
+
+def test_every_step_is_deterministic_under_a_seed_and_another_seed_draws_otherwise():
+    images, boxes = first_batches(21)
+    again_images, again_boxes = first_batches(21)
+    np.testing.assert_array_equal(images, again_images)
+    np.testing.assert_array_equal(boxes, again_boxes)
+    other_images, _ = first_batches(22)
+    assert not np.allclose(images, other_images)
+
+
+def test_the_flip_happens_as_often_as_its_probability_says():
+    """400 draws at probability 0.3: within four standard deviations of 120 flips."""
+    tf.random.set_seed(5)
+    picture = coordinate_picture(8, 10)
+    flips = 0
+    for _ in range(400):
+        flipped = augmented(example(picture, [[0, 0, 4, 5]]), AugmentationConfig(random_horizontal_flip=0.3))
+        flips += int(flipped["image"].numpy()[0, 0, 1] != picture[0, 0, 1])
+    assert abs(flips - 120) <= 4 * (400 * 0.3 * 0.7) ** 0.5, flips

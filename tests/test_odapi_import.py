@@ -127,7 +127,7 @@ def test_fields_detsweep_knows_but_has_no_setting_for_are_named():
     """The raccoon config's from_detection_checkpoint, eval num_examples and num_readers used to
     vanish; its eval `shuffle: false` agrees with detsweep (data.val is read in order): carried."""
     imported = import_pipeline(RACCOON_PIPELINE.read_text())
-    assert "train_config.from_detection_checkpoint: goes with fine_tune_checkpoint, which is kept as a note" \
+    assert "train_config.from_detection_checkpoint: goes with fine_tune_checkpoint, whose note names the preset to use" \
         in imported.not_carried
     assert "eval_config.num_examples: detsweep evaluates every image of data.val" in imported.not_carried
     assert "eval_input_reader.num_readers: not a field detsweep knows" in imported.not_carried

@@ -65,7 +65,7 @@ def presets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def detector_preset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
-    """A tiny whole RetinaNet of 3 classes, saved as keras-hub saves its COCO presets (with its
+    """A tiny whole RetinaNet of COCO's 80 classes, saved as keras-hub saves its COCO presets (with its
     preprocessor and image converter), and its weights by path. Nothing of its architecture is
     detsweep's default, its boxes are ``xyxy``, and each weight is moved off its starting value,
     so that a weight started fresh never passes for a loaded one."""
@@ -83,7 +83,7 @@ def detector_preset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
     converter = keras_hub.layers.RetinaNetImageConverter(image_size=(96, 96), pad_to_aspect_ratio=True,
                                                          crop_to_aspect_ratio=False, **CONVERTER)
     detector = keras_hub.models.RetinaNetObjectDetector(
-        backbone=backbone, num_classes=3, bounding_box_format="xyxy", anchor_generator=anchors, label_encoder=encoder,
+        backbone=backbone, num_classes=80, bounding_box_format="xyxy", anchor_generator=anchors, label_encoder=encoder,
         pre_logits_num_conv_layers=1, preprocessor=keras_hub.models.RetinaNetObjectDetectorPreprocessor(converter))
     rng = np.random.default_rng(0)
     for weight in detector.weights:
@@ -231,25 +231,25 @@ def test_a_whole_detector_preset_is_told_from_a_backbones(presets):
     assert [is_detector_preset(weights) for weights in detectors + others] == [True] * 3 + [False] * 6
 
 
-def test_a_detector_preset_of_other_classes_loads_every_weight_but_a_fresh_class_head(detector_preset):
+def test_an_80_class_detector_preset_in_a_3_class_detector_loads_every_weight_but_a_fresh_class_head(detector_preset):
     from detsweep.config import ModelConfig
     from detsweep.models.detector_parts import TensorFlowNonMaxSuppression
     from detsweep.models.detector_presets import build_detector_from_preset
 
     folder, saved = detector_preset
     config = ModelConfig(weights=str(folder), score_threshold=0.2, nms_iou_threshold=0.4, max_detections=7)
-    detector = build_detector_from_preset(config, num_classes=2)
+    detector = build_detector_from_preset(config, num_classes=3)
     loaded = {weight.path: weight.numpy() for weight in detector.weights}
     kept = [(path, value) for path, value in saved.items() if not is_class_head(path)]
     for (path, value), (loaded_path, loaded_value) in zip(
             kept, [(path, value) for path, value in loaded.items() if not is_class_head(path)], strict=True):
         assert loaded_path == path
         np.testing.assert_array_equal(loaded_value, value, err_msg=path)
-    # the class head: 2 anchors a place (2 scales, 1 ratio) times 2 classes, every weight new, its
+    # the class head: 2 anchors a place (2 scales, 1 ratio) times 3 classes, every weight new, its
     # bias keras-hub's new head's (model.class_prediction_bias_init unset)
     head = detector.classification_head.prediction_layer
-    assert (tuple(head.kernel.shape), tuple(head.bias.shape)) == ((3, 3, 256, 4), (4,))
-    np.testing.assert_array_equal(head.bias.numpy(), np.zeros(4))
+    assert (tuple(head.kernel.shape), tuple(head.bias.shape)) == ((3, 3, 256, 6), (6,))
+    np.testing.assert_array_equal(head.bias.numpy(), np.zeros(6))
     assert not [path for path, value in loaded.items()
                 if is_class_head(path) and value.shape == saved[path].shape and np.allclose(value, saved[path])]
     # used as build_retinanet's: boxes yxyx (the preset's were xyxy), detsweep's NMS with the config's settings
@@ -261,7 +261,7 @@ def test_a_detector_preset_of_other_classes_loads_every_weight_but_a_fresh_class
     assert detector.label_encoder.box_variance == pytest.approx([0.1, 0.2, 0.25, 0.5])  # the preset's
     outputs = detector(np.zeros((1, 96, 96, 3), np.float32))
     anchors = 2 * (12 * 12 + 6 * 6)  # P3 and P4 of the preset's 96-px input
-    assert (outputs["cls_logits"].shape, outputs["bbox_regression"].shape) == ((1, anchors, 2), (1, anchors, 4))
+    assert (outputs["cls_logits"].shape, outputs["bbox_regression"].shape) == ((1, anchors, 3), (1, anchors, 4))
 
 
 def test_a_detector_preset_of_the_same_classes_loads_every_weight_and_the_configs_training_settings(detector_preset):
@@ -270,7 +270,7 @@ def test_a_detector_preset_of_the_same_classes_loads_every_weight_and_the_config
 
     folder, saved = detector_preset
     config = ModelConfig(weights=str(folder), class_prediction_bias_init=-4.6, use_sync_bn=True, l2_regularization=1e-4)
-    detector = build_detector_from_preset(config, num_classes=3)
+    detector = build_detector_from_preset(config, num_classes=80)
     for (path, value), weight in zip(saved.items(), detector.weights, strict=True):
         assert weight.path == path
         np.testing.assert_array_equal(weight.numpy(), value, err_msg=path)  # the class bias too: no fresh start
@@ -284,8 +284,8 @@ def test_a_fresh_class_head_starts_at_the_configs_class_bias(detector_preset):
     from detsweep.models.detector_presets import build_detector_from_preset
 
     folder, saved = detector_preset
-    detector = build_detector_from_preset(ModelConfig(weights=str(folder), class_prediction_bias_init=-4.6), 2)
-    np.testing.assert_allclose(detector.classification_head.prediction_layer.bias.numpy(), np.full(4, -4.6))
+    detector = build_detector_from_preset(ModelConfig(weights=str(folder), class_prediction_bias_init=-4.6), 3)
+    np.testing.assert_allclose(detector.classification_head.prediction_layer.bias.numpy(), np.full(6, -4.6))
     # the box head stays the preset's (the OD API's start zeroes a new one's)
     np.testing.assert_array_equal(detector.box_head.prediction_layer.bias.numpy(), saved["box_head/logits_layer/bias"])
 
@@ -341,7 +341,7 @@ def test_the_presets_normalisation_is_its_image_converters(detector_preset, pres
 
 
 def test_a_detector_preset_trains_through_detsweeps_loop_from_the_presets_weights(detector_preset):
-    """``build_model`` (``build_retinanet``'s hook) builds it for 2 classes, the preset's 3, and
+    """``build_model`` (``build_retinanet``'s hook) builds it for 3 classes, the preset's 80, and
     two steps of the train loop run on images of the preset's size and normalisation."""
     import tensorflow as tf
 
@@ -357,7 +357,7 @@ def test_a_detector_preset_trains_through_detsweeps_loop_from_the_presets_weight
     config = load_trial_config(QUICKSTART, [f"model.weights={folder}", "data.train.num_images=4", "data.val=null"])
     strategy = tf.distribute.get_strategy()
     with strategy.scope():
-        state, losses = build_training_state(config, 2)
+        state, losses = build_training_state(config, 3)
     started = {weight.path: weight.numpy() for weight in state.model.weights}
     for path, value in saved.items():
         if not is_class_head(path):

@@ -267,8 +267,8 @@ _CLASSES = build_message_classes("detsweep_odapi_subset.proto", _PACKAGE, _MESSA
 _AUGMENTATION_OPTIONS = "train_config.data_augmentation_options"
 # Why the subset's fields that no converter below carries over are left out, by plain path.
 _WHY_LEFT_OUT = {
-    "train_config.fine_tune_checkpoint_type": "goes with fine_tune_checkpoint, which is kept as a note",
-    "train_config.from_detection_checkpoint": "goes with fine_tune_checkpoint, which is kept as a note",
+    "train_config.fine_tune_checkpoint_type": "goes with fine_tune_checkpoint, whose note names the preset to use",
+    "train_config.from_detection_checkpoint": "goes with fine_tune_checkpoint, whose note names the preset to use",
     f"{_AUGMENTATION_OPTIONS}.random_scale_crop_and_pad_to_square.output_size":
         "detsweep crops and pads to model.image_size",
     f"{_AUGMENTATION_OPTIONS}.random_horizontal_flip.keypoint_flip_permutation": "detsweep has no keypoints",
@@ -337,12 +337,12 @@ def import_pipeline(text: str, source: str = "pipeline.config") -> Imported:
         root, optimizer, optimizer_path = "Optimizer", parse(text, "Optimizer", source), ""
     imported = Imported(tree={"optimizer": convert_optimizer(optimizer, source)})
     imported.carry(optimizer_path)  # convert_optimizer reads every field of the subset's optimizers
+    _carry_model(pipeline, imported)  # first: the fine-tune note names the preset of its encoder
     if pipeline.HasField("train_config"):
         _carry_train_config(train, imported)
         if pipeline.HasField("optimizer") and train.HasField("optimizer"):
             imported.leave_out("train_config.optimizer",
                                "train_config.optimizer: the top-level optimizer block is used instead")
-    _carry_model(pipeline, imported)
     _carry_inputs(pipeline, imported)
     _name_the_rest(text, root, source, imported)
     return imported
@@ -397,12 +397,23 @@ def _carry_train_config(train: message.Message, imported: Imported) -> None:
     else:
         imported.carry("train_config.use_bfloat16")  # float32, as detsweep trains by default
     if train.fine_tune_checkpoint:
-        imported.note("train_config.fine_tune_checkpoint", f"fine_tune_checkpoint: {train.fine_tune_checkpoint} "
-                      "(kept as a note: use `detsweep finetune --from checkpoint:PATH` to start from it)")
+        imported.note("train_config.fine_tune_checkpoint", _preset_to_use(train, imported.tree.get("model", {})))
     _carry_augmentations(train.data_augmentation_options, imported)
     if train.HasField("sync_replicas"):
         imported.leave_out("train_config.sync_replicas",
                            "train_config.sync_replicas: detsweep always trains synchronously")
+
+
+def _preset_to_use(train: message.Message, model: dict[str, Any]) -> str:
+    """What ``fine_tune_checkpoint`` becomes here: detsweep starts from keras-hub presets, an image
+    encoder's for the OD API's ``classification`` checkpoints and a RetinaNet's for ``detection``
+    ones (its model_lib_v2 reads an unset type from ``from_detection_checkpoint``)."""
+    kind = train.fine_tune_checkpoint_type or ("detection" if train.from_detection_checkpoint else "classification")
+    depth = model.get("backbone", "resnet50").removeprefix("resnet")
+    preset = ("retinanet_resnet50_fpn_coco" if kind == "detection"
+              else f"resnet_{depth}_imagenet" if depth.isdigit() else "an image encoder's preset")
+    return (f"fine_tune_checkpoint: {train.fine_tune_checkpoint} ({kind}) is an OD API checkpoint; detsweep starts "
+            f"from keras-hub presets: set model.weights: {preset} (README: From the OD API's model zoo)")
 
 
 def _carry_augmentations(options: Any, imported: Imported) -> None:

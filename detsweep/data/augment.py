@@ -11,12 +11,13 @@ Each function follows the OD API's function of the same name in
 image resizer (except :func:`random_scale_crop`, which works on the resized image). Where the OD
 API states a rule on boxes normalised to the image, it is applied to absolute pixels here: the
 rules (overlap shares, inside or outside a window) are the same in both. Random draws are
-TensorFlow's stateful ops, seeded by the global seed as the rest of the pipeline
-(``keras.utils.set_random_seed`` in training).
+stateless, from the example's ``seed`` (the pipeline's, one per example): a seeded pipeline
+draws the same whatever thread maps each example.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -60,7 +61,7 @@ def random_crop_image(example: dict, config: RandomCropImageConfig) -> dict:
     it and, with ``clip_boxes``, clipped to it."""
     if config.random_coef == 0:  # as the OD API: no draw, no tf.cond
         return _cropped(example, config)
-    keep = tf.random.uniform([]) <= config.random_coef  # the OD API crops when the draw is > random_coef
+    keep = _uniform(example, "crop or not") <= config.random_coef  # the OD API crops when the draw is > random_coef
     return tf.cond(keep, lambda: example, lambda: _cropped(example, config))
 
 
@@ -71,7 +72,7 @@ def _cropped(example: dict, config: RandomCropImageConfig) -> dict:
     # there are none.
     covered = tf.clip_by_value(tf.boolean_mask(example["boxes"], valid) / _tiled(shape[:2]), 0.0, 1.0)
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        shape, covered[None], seed=_drawn_seed(), min_object_covered=config.min_object_covered,
+        shape, covered[None], seed=_seed(example, "crop window"), min_object_covered=config.min_object_covered,
         aspect_ratio_range=(config.min_aspect_ratio, config.max_aspect_ratio),
         area_range=(config.min_area, config.max_area), max_attempts=100, use_image_if_no_bounding_boxes=True)
     window = tf.cast(tf.concat([begin[:2], begin[:2] + size[:2]], 0), tf.float32)
@@ -92,10 +93,11 @@ def random_square_crop_by_scale(example: dict, config: SquareCropByScaleConfig) 
     image = example["image"]
     height, width = tf.unstack(tf.shape(image)[:2])
     scales = tf.linspace(config.scale_min, config.scale_max, config.num_scales)
-    scale = scales[tf.random.uniform([], 0, config.num_scales, dtype=tf.int32)]
+    scale = scales[_uniform(example, "square scale", maxval=config.num_scales, dtype=tf.int32)]
     # At least one pixel: the OD API's crop of a tiny scale is empty, and the resize fails on it.
     side = tf.maximum(tf.cast(scale * tf.cast(tf.maximum(height, width), tf.float32), tf.int32), 1)
-    centre = tf.stack([_draw_centre(height, config.max_border), _draw_centre(width, config.max_border)])
+    centre = tf.stack([_draw_centre(example, "square centre y", height, config.max_border),
+                       _draw_centre(example, "square centre x", width, config.max_border)])
     corner = centre - side // 2
     start = tf.maximum(corner, 0)
     stop = tf.minimum(centre + side // 2, tf.stack([height, width]) - 1)  # the OD API's "- 1"
@@ -107,9 +109,9 @@ def random_square_crop_by_scale(example: dict, config: SquareCropByScaleConfig) 
     return _with_boxes({**example, "image": squared}, _clipped(boxes, tf.stack([side, side])), kept)
 
 
-def _draw_centre(size: tf.Tensor, max_border: int) -> tf.Tensor:
+def _draw_centre(example: dict, draw: str, size: tf.Tensor, max_border: int) -> tf.Tensor:
     border = _crop_border(max_border, size)
-    return tf.random.uniform([], border, size - border + 1, dtype=tf.int32)
+    return _uniform(example, draw, minval=border, maxval=size - border + 1, dtype=tf.int32)
 
 
 def _crop_border(max_border: int, size: tf.Tensor) -> tf.Tensor:
@@ -127,10 +129,10 @@ def random_absolute_pad_image(example: dict, config: AbsolutePadConfig) -> dict:
     image's mean colour. Boxes move with the image."""
     image = example["image"]
     shape = tf.shape(image)[:2]
-    padding = tf.stack([tf.random.uniform([], 0, config.max_height_padding, dtype=tf.int32),
-                        tf.random.uniform([], 0, config.max_width_padding, dtype=tf.int32)])
-    # uniform in [0, padding), and 0 where there is none (tf.random.uniform refuses an empty range)
-    offset = tf.cast(tf.random.uniform([2]) * tf.cast(padding, tf.float32), tf.int32)
+    padding = tf.stack([_uniform(example, "pad height", maxval=config.max_height_padding, dtype=tf.int32),
+                        _uniform(example, "pad width", maxval=config.max_width_padding, dtype=tf.int32)])
+    # uniform in [0, padding), and 0 where there is none (an integer draw refuses an empty range)
+    offset = tf.cast(_uniform(example, "pad offset", [2]) * tf.cast(padding, tf.float32), tf.int32)
     canvas = shape + padding
     colour = tf.reduce_mean(image, axis=[0, 1]) if config.pad_color is None else tf.constant(config.pad_color)
     placed = tf.image.pad_to_bounding_box(image, offset[0], offset[1], canvas[0], canvas[1])
@@ -141,7 +143,7 @@ def random_absolute_pad_image(example: dict, config: AbsolutePadConfig) -> dict:
 
 def random_horizontal_flip(example: dict, probability: float) -> dict:
     """As the OD API's ``random_horizontal_flip``: image and boxes mirrored with ``probability``."""
-    flip = tf.random.uniform([]) < probability
+    flip = _uniform(example, "flip") < probability
     width = tf.cast(tf.shape(example["image"])[1], tf.float32)
     ymin, xmin, ymax, xmax = tf.unstack(example["boxes"], axis=-1)
     flipped = tf.stack([ymin, width - xmax, ymax, width - xmin], axis=-1)
@@ -159,11 +161,11 @@ def random_scale_crop(example: dict, spec: InputSpec, scale_min: float, scale_ma
     window; boxes left with no area become padding. As the OD API's
     ``random_scale_crop_and_pad_to_square``, on the resized image (``resized_shape``)."""
     size = spec.image_size
-    factor = tf.random.uniform([], scale_min, scale_max)
+    factor = _uniform(example, "zoom", minval=scale_min, maxval=scale_max)
     zoomed_shape = tf.maximum(tf.cast(tf.round(tf.cast(example["resized_shape"], tf.float32) * factor), tf.int32), 1)
     image = tf.image.resize(example["image"], zoomed_shape)
     free = tf.maximum(zoomed_shape - size, 0)
-    offset = tf.cast(tf.floor(tf.random.uniform([2]) * tf.cast(free + 1, tf.float32)), tf.int32)
+    offset = tf.cast(tf.floor(_uniform(example, "zoom window", [2]) * tf.cast(free + 1, tf.float32)), tf.int32)
     window = tf.minimum(zoomed_shape, size)
     image = tf.slice(image, [offset[0], offset[1], 0], [window[0], window[1], 3])
     shift = tf.cast(tf.concat([offset, offset], 0), tf.float32)
@@ -185,28 +187,28 @@ def random_scale_crop(example: dict, spec: InputSpec, scale_min: float, scale_ma
 def random_adjust_brightness(example: dict, config: BrightnessConfig) -> dict:
     """As the OD API's ``random_adjust_brightness``: ``pixels / 255 + delta``, ``delta`` drawn
     from ``[-max_delta, max_delta]``."""
-    delta = tf.random.uniform([], -config.max_delta, config.max_delta)
+    delta = _uniform(example, "brightness", minval=-config.max_delta, maxval=config.max_delta)
     return _recoloured(example, lambda image: tf.image.adjust_brightness(image, delta))
 
 
 def random_adjust_contrast(example: dict, config: ContrastConfig) -> dict:
     """As the OD API's ``random_adjust_contrast``: ``tf.image.adjust_contrast`` (each channel's
     distance from its mean, times a factor) with a factor drawn from ``[min_delta, max_delta]``."""
-    factor = tf.random.uniform([], config.min_delta, config.max_delta)
+    factor = _uniform(example, "contrast", minval=config.min_delta, maxval=config.max_delta)
     return _recoloured(example, lambda image: tf.image.adjust_contrast(image, factor))
 
 
 def random_adjust_hue(example: dict, config: HueConfig) -> dict:
     """As the OD API's ``random_adjust_hue``: ``tf.image.adjust_hue`` by a delta drawn from
     ``[-max_delta, max_delta]``."""
-    delta = tf.random.uniform([], -config.max_delta, config.max_delta)
+    delta = _uniform(example, "hue", minval=-config.max_delta, maxval=config.max_delta)
     return _recoloured(example, lambda image: tf.image.adjust_hue(image, delta))
 
 
 def random_adjust_saturation(example: dict, config: SaturationConfig) -> dict:
     """As the OD API's ``random_adjust_saturation``: ``tf.image.adjust_saturation`` with a factor
     drawn from ``[min_delta, max_delta]``."""
-    factor = tf.random.uniform([], config.min_delta, config.max_delta)
+    factor = _uniform(example, "saturation", minval=config.min_delta, maxval=config.max_delta)
     return _recoloured(example, lambda image: tf.image.adjust_saturation(image, factor))
 
 
@@ -261,7 +263,20 @@ def _tiled(pair: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.tile(pair, [2]), tf.float32)
 
 
-def _drawn_seed() -> tf.Tensor:
-    """A seed for a stateless op, drawn from the global-seeded stream like every other draw here
-    (``sample_distorted_bounding_box`` itself ignores the global seed)."""
-    return tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+# --- draws ---------------------------------------------------------------------------------
+
+
+def _seed(example: dict, draw: str) -> tf.Tensor:
+    """The stateless seed of one ``draw`` for ``example``: its ``seed`` (the pipeline gives each
+    example its own) folded with the draw's name, so that an example's draws are the same
+    whichever thread maps it, in whatever order; an example without a seed (a function called
+    alone) draws one from TensorFlow's global-seeded stream."""
+    if "seed" not in example:
+        return tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+    return tf.random.experimental.stateless_fold_in(example["seed"], zlib.crc32(draw.encode()) & 0x7FFFFFFF)
+
+
+def _uniform(example: dict, draw: str, shape: tuple | list = (), minval=0, maxval=None, dtype=tf.float32) -> tf.Tensor:
+    """``tf.random.uniform`` over ``[minval, maxval)`` (``[0, 1)`` by default) for ``draw`` of
+    ``example``, from :func:`_seed`."""
+    return tf.random.stateless_uniform(shape, _seed(example, draw), minval, 1 if maxval is None else maxval, dtype=dtype)

@@ -89,8 +89,13 @@ def training_dataset(
     from_files = dataset.examples[0].encoded is None
     data = tf.data.Dataset.from_tensor_slices(to_tensors(dataset, spec.max_boxes))
     data = data.shard(*shard).shuffle(len(dataset.examples), seed=seed, reshuffle_each_iteration=True).repeat()
+    # Each example its own seed for its augmentations' stateless draws: the same batches for the
+    # same seed, whichever threads map them (stateful draws would follow the threads' order).
+    seeds = tf.data.Dataset.random(seed=seed).batch(2)
     # One map for the whole example: each map is a stage of its own, with its own buffers
-    data = data.map(lambda e: training_example(e, spec, augmentation, from_files), num_parallel_calls=tf.data.AUTOTUNE)
+    data = tf.data.Dataset.zip((data, seeds)).map(
+        lambda e, s: training_example({**e, "seed": s}, spec, augmentation, from_files),
+        num_parallel_calls=tf.data.AUTOTUNE)
     return data.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
