@@ -2,7 +2,7 @@
 training resolution, against what the model consumes on this machine (the train step of
 ``configs/raccoon.yaml``, in-process). Both use every core, one after the other.
 
-And the pipeline per thread at the zoo RetinaNet's input (``ssd_retinanet_resnet50_v1_fpn_640x640``:
+And the pipeline per thread at the zoo RetinaNet's input (``configs/odapi/ssd_resnet50_v1_fpn_640x640.config``:
 ``fixed_shape_resizer`` 640 x 640, ``random_horizontal_flip`` and its ``random_crop_image``), tf.data
 held to one thread, against the 80 images/s a thread must give.
 

@@ -357,3 +357,13 @@ def test_the_flip_happens_as_often_as_its_probability_says():
         flipped = augmented(example(picture, [[0, 0, 4, 5]]), AugmentationConfig(random_horizontal_flip=0.3))
         flips += int(flipped["image"].numpy()[0, 0, 1] != picture[0, 0, 1])
     assert abs(flips - 120) <= 4 * (400 * 0.3 * 0.7) ** 0.5, flips
+
+
+def test_the_scale_jitter_is_refused_on_a_stretched_input(write):
+    """It zooms the resized image: stretched by fixed_shape, a distorted square."""
+    path = write("trial.yaml", "optimizer: {type: momentum}\nmodel: {image_resizer: fixed_shape}\n")
+    with pytest.raises(DetsweepError) as error:
+        load_trial_config(path, ["data.augmentation.random_scale_crop_and_pad_to_square.scale_min=0.5"])
+    assert str(error.value) == (f"{path}: data.augmentation.random_scale_crop_and_pad_to_square: found {{'scale_min': "
+                                "0.5, 'scale_max': 2.0}, expected none with model.image_resizer: fixed_shape (it would "
+                                "zoom the stretched square)")

@@ -129,6 +129,9 @@ def test_the_network_built_from_the_zoo_numbers_has_its_anchors_coder_matcher_bi
     assert (encoder.positive_threshold, encoder.negative_threshold) == (0.5, 0.5)
     assert encoder.box_matcher.force_match_for_each_col
     assert encoder.box_variance == pytest.approx([0.1, 0.1, 0.2, 0.2])
+    # keras-hub's variance divides the center_xywh code; the OD API's scales multiply y, x, h, w
+    mixed = build_retinanet(zoo_model(box_coder_scales=(1.0, 2.0, 4.0, 8.0)), num_classes=3).label_encoder
+    assert mixed.box_variance == pytest.approx([1 / 2, 1 / 1, 1 / 8, 1 / 4])
     assert np.allclose(detector.classification_head.prediction_layer.bias.numpy(), -4.6)
     assert np.allclose(detector.box_head.prediction_layer.bias.numpy(), 0.0)
     kernels = [w for w in detector.trainable_weights if w.name == "kernel" and len(w.shape) == 4]
@@ -216,3 +219,31 @@ def test_an_ssd_that_is_not_retinanet_stays_one_line_with_its_num_classes():
     assert [line for line in imported.not_carried if line.startswith("model.")] == [
         "model.ssd: an SSD without a feature pyramid (feature_extractor.fpn) and a weight-shared box predictor is "
         "not carried over (detsweep trains keras-hub RetinaNet); only num_classes is"]
+
+
+@pytest.mark.parametrize(("change", "line"), [
+    ("activation: RELU_6,", f"{PREDICTOR}.activation: SWISH: keras-hub's ResNet, pyramid and heads use ReLU"),
+    ("override_base_feature_extractor_hyperparams: true", "model.ssd.feature_extractor."
+     "override_base_feature_extractor_hyperparams: false: the OD API's ResNet keeps its own l2 (1e-4) and batch "
+     "norm; detsweep applies model.l2_regularization to every kernel"),
+    ("kernel_size: 3", "model.ssd.box_predictor.weight_shared_convolutional_box_predictor.use_dropout: true: "
+                       "keras-hub's heads have no dropout"),
+])
+def test_what_keras_hubs_retinanet_does_otherwise_is_named_and_efficientdets_swish_parses(change, line):
+    replacement = {"activation: RELU_6,": "activation: SWISH,",
+                   "override_base_feature_extractor_hyperparams: true": "override_base_feature_extractor_hyperparams: false",
+                   "kernel_size: 3": "kernel_size: 3 use_dropout: true"}[change]
+    imported = import_pipeline(ZOO_RETINANET.replace(change, replacement, 1), "retinanet.config")
+    assert line in imported.not_carried
+
+
+def test_the_fine_tune_note_names_no_resnet_preset_for_another_encoder():
+    """The raccoon set's SSD MobileNet starts from a detection checkpoint (from_detection_checkpoint)."""
+    pets = RACCOON / "training" / "ssd_mobilenet_v1_pets.config"
+    [note] = import_pipeline(pets.read_text(), str(pets)).notes
+    assert note.endswith("(detection) is an OD API checkpoint; detsweep starts from keras-hub presets: set "
+                         "model.weights: a keras-hub RetinaNet preset of this network (keras-hub's COCO one is a "
+                         "ResNet-50's) (README: From the OD API's model zoo)"), note
+    classification = import_pipeline(pets.read_text().replace("from_detection_checkpoint: true", ""), str(pets))
+    assert classification.notes[0].endswith("set model.weights: an image encoder's preset (README: From the OD API's "
+                                            "model zoo)"), classification.notes

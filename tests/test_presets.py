@@ -337,6 +337,12 @@ def test_the_presets_normalisation_is_its_image_converters(detector_preset, pres
     imagenet = edited_copy(folder, tmp_path / "imagenet", scale=[1 / s for s in STD],
                            offset=[-m / s for m, s in zip(MEAN, STD)])
     assert preset_normalisation(str(imagenet)) is None
+    # the preset's ImageNet statistics win over the section's own too
+    from detsweep.config import ModelConfig
+    from detsweep.models.detector_presets import preset_model_config
+
+    own = ModelConfig(weights=str(imagenet), image_mean=(1.0, 2.0, 3.0), image_std=(4.0, 5.0, 6.0))
+    assert (preset_model_config(own).image_mean, preset_model_config(own).image_std) == (None, None)
     assert preset_normalisation(str(presets["detector"])) is None  # saved without a preprocessor
 
 
@@ -392,3 +398,30 @@ def test_a_trial_from_a_detector_preset_trains_and_checkpoints_the_presets_archi
     [saved] = kept
     assert (saved.model.image_size, saved.model.max_level, saved.model.head_conv_layers) == (96, 4, 1)
     assert (saved.model.image_mean, saved.model.image_std) == preset_normalisation(str(folder))
+
+
+def test_a_sweep_over_the_network_of_a_whole_detector_preset_is_refused_in_one_line_before_anything_starts(
+        presets, write, tmp_path):
+    """The preset's architecture wins on every worker: trials that differ only there would train
+    one network under many names."""
+    sweep = write("sweep.yaml", f"""name: over_the_preset
+base: {{from: {QUICKSTART}, model: {{weights: {presets['detector']}}}}}
+search:
+  metric: train/loss
+  mode: min
+  num_samples: 2
+  space:
+    optimizer.learning_rate.learning_rate_base: {{values: [0.01, 0.02]}}
+    model.anchor_size: {{values: [3.0, 4.0]}}
+""")
+    line = (f"detsweep: error: {sweep}: search.space.model.anchor_size: found a field of the network, expected none: "
+            f"base.model.weights ({presets['detector']}) is a whole detector's preset, whose architecture wins\n")
+    result = run_cli("validate", str(sweep), cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (2, line)
+    from detsweep.errors import DetsweepError
+    from detsweep.sweeps import load_sweep
+    from detsweep.sweeps.launch import launch
+
+    with pytest.raises(DetsweepError) as refused:  # launch refuses it before Ray or MLflow start
+        launch(load_sweep(sweep), register=False)
+    assert f"detsweep: error: {refused.value}\n" == line

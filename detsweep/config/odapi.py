@@ -84,7 +84,7 @@ _MESSAGES: dict[str, list[tuple]] = {
     "FeaturePyramidNetworks": [("min_level", 1, "int32", 3), ("max_level", 2, "int32", 7),
                                ("additional_layer_depth", 3, "int32", 256)],
     "Hyperparams": [("regularizer", 2, "Regularizer"), ("initializer", 3, "Initializer"),
-                    ("activation", 4, "enum:NONE,RELU,RELU_6", "RELU"), ("batch_norm", 5, "BatchNorm")],
+                    ("activation", 4, "enum:NONE,RELU,RELU_6,SWISH", "RELU"), ("batch_norm", 5, "BatchNorm")],
     "BatchNorm": [("decay", 1, "float", 0.999), ("center", 2, "bool", True), ("scale", 3, "bool", False),
                   ("epsilon", 4, "float", 0.001), ("train", 5, "bool", True)],
     "Initializer": [("random_normal_initializer", 3, "RandomNormalInitializer")],
@@ -409,9 +409,12 @@ def _preset_to_use(train: message.Message, model: dict[str, Any]) -> str:
     encoder's for the OD API's ``classification`` checkpoints and a RetinaNet's for ``detection``
     ones (its model_lib_v2 reads an unset type from ``from_detection_checkpoint``)."""
     kind = train.fine_tune_checkpoint_type or ("detection" if train.from_detection_checkpoint else "classification")
-    depth = model.get("backbone", "resnet50").removeprefix("resnet")
-    preset = ("retinanet_resnet50_fpn_coco" if kind == "detection"
-              else f"resnet_{depth}_imagenet" if depth.isdigit() else "an image encoder's preset")
+    backbone = model.get("backbone")  # carried only from the zoo's ResNet FPN extractors
+    if kind == "detection":
+        preset = ("retinanet_resnet50_fpn_coco" if backbone == "resnet50"
+                  else "a keras-hub RetinaNet preset of this network (keras-hub's COCO one is a ResNet-50's)")
+    else:
+        preset = f"resnet_{backbone.removeprefix('resnet')}_imagenet" if backbone else "an image encoder's preset"
     return (f"fine_tune_checkpoint: {train.fine_tune_checkpoint} ({kind}) is an OD API checkpoint; detsweep starts "
             f"from keras-hub presets: set model.weights: {preset} (README: From the OD API's model zoo)")
 

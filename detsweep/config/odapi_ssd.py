@@ -105,8 +105,11 @@ def _carry_feature_extractor(extractor: message.Message, model: dict, imported: 
     for switch, off in (("use_depthwise", False), ("use_explicit_padding", False), ("pad_to_multiple", 1)):
         _carry_if(imported, f"{path}.{switch}", when=getattr(extractor, switch) == off,
                   why=f"{getattr(extractor, switch)}: detsweep's ResNets do not")
-    # the regulariser covers the ResNet's layers too: keras-hub's kernels all get it (regularise_kernels)
-    imported.carry(f"{path}.override_base_feature_extractor_hyperparams")
+    # detsweep's regulariser covers the ResNet's layers too (regularise_kernels), as the OD API's with true
+    _carry_if(imported, f"{path}.override_base_feature_extractor_hyperparams",
+              when=extractor.override_base_feature_extractor_hyperparams,
+              why="false: the OD API's ResNet keeps its own l2 (1e-4) and batch norm; detsweep applies "
+                  "model.l2_regularization to every kernel")
     _carry_hyperparams(extractor.conv_hyperparams, f"{path}.conv_hyperparams", model, imported,
                        batch_norm="keras-hub's ResNet keeps its own batch norm settings")
     if extractor.conv_hyperparams.HasField("initializer"):
@@ -121,8 +124,10 @@ def _carry_box_predictor(predictor: message.Message, model: dict, imported: Impo
     shared = predictor.weight_shared_convolutional_box_predictor
     model["head_conv_layers"] = shared.num_layers_before_predictor
     model["class_prediction_bias_init"] = as_written(shared.class_prediction_bias_init)
-    imported.carry(f"{path}.num_layers_before_predictor", f"{path}.class_prediction_bias_init",
-                   f"{path}.box_code_size", f"{path}.use_dropout")
+    imported.carry(f"{path}.num_layers_before_predictor", f"{path}.class_prediction_bias_init")
+    _carry_if(imported, f"{path}.box_code_size", when=shared.box_code_size == 4,
+              why=f"{shared.box_code_size}: keras-hub's box code has 4 values")
+    _carry_if(imported, f"{path}.use_dropout", when=not shared.use_dropout, why="true: keras-hub's heads have no dropout")
     _carry_if(imported, f"{path}.depth", when=shared.depth == KERAS_HUB_HEAD_DEPTH,
               why=f"{shared.depth}: keras-hub's heads are {KERAS_HUB_HEAD_DEPTH} channels wide")
     _carry_if(imported, f"{path}.kernel_size", when=shared.kernel_size == KERAS_HUB_HEAD_KERNEL,
@@ -151,9 +156,9 @@ def _carry_hyperparams(hyperparams: message.Message, path: str, model: dict, imp
         else:
             imported.leave_out(f"{path}.regularizer", f"{path}.regularizer: l2 weight {weight}; detsweep applies one "
                                f"weight to every convolution, the first one the file gives ({model['l2_regularization']})")
-    _carry_if(imported, f"{path}.activation", when=hyperparams.activation == 1,  # RELU
-              why=f"{hyperparams.DESCRIPTOR.fields_by_name['activation'].enum_type.values[hyperparams.activation].name}"
-                  ": keras-hub's ResNet, pyramid and heads use ReLU")
+    activation = hyperparams.DESCRIPTOR.fields_by_name["activation"].enum_type.values_by_number[hyperparams.activation]
+    _carry_if(imported, f"{path}.activation", when=activation.name == "RELU",
+              why=f"{activation.name}: keras-hub's ResNet, pyramid and heads use ReLU")
 
 
 def _carry_box_coder(coder: message.Message, model: dict, imported: Imported) -> None:
@@ -234,7 +239,8 @@ def _carry_training_switches(ssd: message.Message, model: dict, imported: Import
     for flag, ours, why in (
         ("normalize_loss_by_num_matches", True, "false: detsweep divides the loss by the matched anchors"),
         ("encode_background_as_zeros", True, "false: detsweep's classes are sigmoids with no background class"),
-        ("add_background_class", True, "false: detsweep adds no background class"),
+        ("add_background_class", False, "true: the OD API adds an always-zero background column; detsweep's "
+                                        "sigmoid classes have none"),
         ("freeze_batchnorm", False, "true: detsweep trains batch norm (model.use_sync_bn syncs it)"),
         ("negative_class_weight", 1.0, "negatives weigh as much as positives in detsweep's loss"),
     ):

@@ -500,6 +500,16 @@ class TrialConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _jitter_on_a_picture_of_its_aspect(self) -> TrialConfig:
+        # The jitter zooms the resized image; stretched, it would zoom a distorted square (the
+        # OD API's zooms the picture, its aspect kept).
+        if self.model.image_resizer == "fixed_shape" and self.data.augmentation.random_scale_crop_and_pad_to_square:
+            jitter = self.data.augmentation.random_scale_crop_and_pad_to_square.model_dump()
+            raise invalid("data.augmentation.random_scale_crop_and_pad_to_square", jitter,
+                          "none with model.image_resizer: fixed_shape (it would zoom the stretched square)")
+        return self
+
+    @model_validator(mode="after")
     def _xla_where_it_compiles(self) -> TrialConfig:
         # The synchronized batch norm all-reduces inside the forward pass, which XLA cannot hold.
         if self.train.jit_compile and self.model.use_sync_bn:

@@ -52,6 +52,12 @@ def is_detector_preset(weights: str) -> bool:
     return task is not None and issubclass(task, keras_hub.models.ObjectDetector)
 
 
+def names_a_detector_here(weights: str) -> bool:
+    """:func:`is_detector_preset`, answered without a download: a registry name, or a folder here
+    (a handle is only the workers' to read)."""
+    return weights in keras_hub.models.ObjectDetector.presets or (os.path.isdir(weights) and is_detector_preset(weights))
+
+
 def saved_task_class(weights: str) -> type | None:
     """The class of the task saved with a folder's or handle's preset (its ``task.json``), as
     keras-hub reads it; None when only a backbone was saved."""
@@ -88,8 +94,8 @@ def preset_model_config(config: ModelConfig, field: str = "model.weights") -> Mo
         return config
     check_retinanet_preset(config.weights, field)
     fitted = fit_image_size(preset_architecture(config.weights))
-    if (normalisation := preset_normalisation(config.weights)) is not None:
-        fitted["image_mean"], fitted["image_std"] = normalisation
+    # the preset's normalisation, ImageNet's (None) included: what its weights were trained on
+    fitted["image_mean"], fitted["image_std"] = preset_normalisation(config.weights) or (None, None)
     try:
         return ModelConfig.model_validate({**config.model_dump(exclude_unset=True), **fitted})
     except ValidationError as error:

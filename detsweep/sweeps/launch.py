@@ -94,7 +94,27 @@ def check_preset(sweep: Sweep, local: bool) -> list[str]:
         return []
     from detsweep.models.presets import check_weights_preset
 
-    return check_weights_preset(sweep.base.model.weights, f"{sweep.path}: base.model.weights", local=local)
+    unchecked = check_weights_preset(sweep.base.model.weights, f"{sweep.path}: base.model.weights", local=local)
+    check_swept_network(sweep)
+    return unchecked
+
+
+def check_swept_network(sweep: Sweep) -> None:
+    """A whole detector's preset fixes the network and its normalisation: a sweep or PBT over
+    those fields would train one network under many names."""
+    if sweep.base.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
+        return
+    from detsweep.models.detector_presets import ARCHITECTURE, names_a_detector_here
+
+    if not names_a_detector_here(sweep.base.model.weights):
+        return
+    fixed = {f"model.{name}" for name in (*ARCHITECTURE, "image_mean", "image_std")}
+    for where, paths in (("search.space", sweep.search.space), ("search.scheduler.mutations",
+                                                                sweep.search.scheduler.mutations)):
+        for path in sorted(set(paths) & fixed):
+            raise DetsweepError(f"{sweep.path}: {where}.{path}: found a field of the network, expected none: "
+                                f"base.model.weights ({sweep.base.model.weights}) is a whole detector's preset, "
+                                "whose architecture wins")
 
 
 def preset_note(sweep: Sweep) -> list[str]:
@@ -159,6 +179,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
 
     check_storage(sweep.storage, f"{sweep.path}: storage")
     check_new_sweep(sweep)
+    check_swept_network(sweep)
     given = configured(sweep, cluster_config)
     if given is None and not (address or os.environ.get("RAY_ADDRESS")):  # a local cluster: refused before it starts
         check_fits(sweep, this_machine())

@@ -213,13 +213,13 @@ class TrialRun:
         self.writer.submit("a worker failure", lambda: self.client.set_tag(
             self.run_id, WORKER_FAILURES_TAG, f"{self.earlier_failures + noted}: {reason}"[:5000]))
 
-    def _note_replayed(self, step: int, notice: int) -> None:
-        if notice != self.counted_notice:  # not a retry of a write that failed after counting it
+    def _note_replayed(self, step: int, notice: int | None) -> None:
+        if notice is None or notice != self.counted_notice:  # not a retry of a write that failed after counting it
             self.replayed.add(step)
-            self.counted_notice = notice
+            self.counted_notice = notice if notice is not None else self.counted_notice
         self.client.set_tag(self.run_id, REPLAYED_TAG, str(self.replayed))
 
-    def _log_metrics(self, step: int, values: dict[str, float], now: int | None = None, notice: int = -1,
+    def _log_metrics(self, step: int, values: dict[str, float], now: int | None = None, notice: int | None = None,
                      force: bool = False) -> None:
         from mlflow.entities import Metric
 
