@@ -5,15 +5,19 @@ The geometric tests draw on a picture whose pixels hold their own coordinates (r
 x + 1), so that where each output pixel came from, and so the window a step chose, is read from
 the output alone."""
 
+from typing import get_args
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from detsweep.config import AugmentationConfig, load_trial_config
+from detsweep.config.odapi import import_pipeline
 from detsweep.config.schema import (
     AbsolutePadConfig,
     BrightnessConfig,
     ContrastConfig,
+    DecodedImageStep,
     HueConfig,
     RandomCropImageConfig,
     SaturationConfig,
@@ -21,6 +25,7 @@ from detsweep.config.schema import (
 )
 from detsweep.data import generate_synthetic
 from detsweep.data.augment import (
+    _ON_THE_DECODED_IMAGE,
     augmented,
     random_absolute_pad_image,
     random_adjust_brightness,
@@ -28,6 +33,7 @@ from detsweep.data.augment import (
     random_adjust_hue,
     random_adjust_saturation,
     random_crop_image,
+    random_horizontal_flip,
     random_square_crop_by_scale,
 )
 from detsweep.data.pipeline import training_dataset
@@ -367,3 +373,88 @@ def test_the_scale_jitter_is_refused_on_a_stretched_input(write):
     assert str(error.value) == (f"{path}: data.augmentation.random_scale_crop_and_pad_to_square: found {{'scale_min': "
                                 "0.5, 'scale_max': 2.0}, expected none with model.image_resizer: fixed_shape (it would "
                                 "zoom the stretched square)")
+
+
+# --- the order of the steps (the OD API applies data_augmentation_options in the file's order) ---
+
+CROP = RandomCropImageConfig(min_object_covered=0.0, min_area=0.3, max_area=0.5, overlap_thresh=0.0)
+PAD = AbsolutePadConfig(max_height_padding=80, max_width_padding=80, pad_color=(0, 0, 0))
+SETTINGS = {"random_crop_image": CROP, "random_absolute_pad_image": PAD, "random_horizontal_flip": 1.0}
+BY_HAND = {"random_crop_image": random_crop_image, "random_absolute_pad_image": random_absolute_pad_image,
+           "random_horizontal_flip": random_horizontal_flip}
+
+
+def seeded_example() -> dict:
+    """The coordinate picture with a box, and a seed of its own as the pipeline gives each example:
+    each step's draws are the same whatever runs before it."""
+    return {**example(PICTURE, [[40, 50, 120, 150]]), "seed": tf.constant([3, 4], tf.int64)}
+
+
+def by_hand(*names: str) -> dict:
+    out = seeded_example()
+    for name in names:
+        out = BY_HAND[name](out, SETTINGS[name])
+    return out
+
+
+def assert_same(out: dict, expected: dict) -> None:
+    np.testing.assert_array_equal(out["image"].numpy(), expected["image"].numpy())
+    np.testing.assert_array_equal(out["boxes"].numpy(), expected["boxes"].numpy())
+    np.testing.assert_array_equal(out["labels"].numpy(), expected["labels"].numpy())
+
+
+def differs(one: dict, other: dict) -> bool:
+    a, b = one["image"].numpy(), other["image"].numpy()
+    return a.shape != b.shape or not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("order", [("random_absolute_pad_image", "random_crop_image"),
+                                   ("random_horizontal_flip", "random_crop_image")])
+def test_the_steps_run_in_the_order_named_where_it_changes_the_result(order):
+    """A pad then a crop (the crop may take the padding) and a flip then a crop (the window on the
+    mirrored picture) are what the steps give by hand in that order, not in the default order."""
+    augmentation = AugmentationConfig(**{name: SETTINGS[name] for name in order}, order=order)
+    out = augmented(seeded_example(), augmentation)
+    assert_same(out, by_hand(*order))
+    assert differs(out, by_hand(*reversed(order)))
+
+
+def test_steps_set_but_not_named_follow_in_the_default_order_and_a_named_step_not_set_is_skipped():
+    """Named: the pad, then hue (not set: skipped); set but not named: the crop and the flip, after
+    them in the default order (crop, colour, square crop, pad, flip)."""
+    augmentation = AugmentationConfig(**SETTINGS, order=("random_absolute_pad_image", "random_adjust_hue"))
+    out = augmented(seeded_example(), augmentation)
+    assert_same(out, by_hand("random_absolute_pad_image", "random_crop_image", "random_horizontal_flip"))
+    assert differs(out, by_hand("random_crop_image", "random_absolute_pad_image", "random_horizontal_flip"))
+    # the default order is the one the config names (the importer reads it from there)
+    assert tuple(_ON_THE_DECODED_IMAGE) == get_args(DecodedImageStep)
+
+
+def test_a_step_named_twice_in_the_order_is_a_one_line_error(write):
+    path = write("trial.yaml", "optimizer: {type: momentum}\n"
+                               "data: {augmentation: {order: [random_crop_image, random_crop_image]}}\n")
+    with pytest.raises(DetsweepError) as error:
+        load_trial_config(path)
+    assert str(error.value) == (f"{path}: data.augmentation.order: found a list, expected each step at most once "
+                                "(random_crop_image is there twice)")
+
+
+def odapi_file(*steps: str) -> str:
+    return ("train_config { optimizer { adam_optimizer { } } "
+            + " ".join(f"data_augmentation_options {{ {step} {{ }} }}" for step in steps) + " }")
+
+
+def test_the_import_keeps_the_files_order_where_it_is_not_the_default(write):
+    """flip, pad, crop: the order written, as the loader reads the file; crop, pad, flip (the
+    default order): none; the scale jitter before a step: named, as detsweep applies it last."""
+    flip_pad_crop = load_trial_config(write("flip_pad_crop.config", odapi_file(
+        "random_horizontal_flip", "random_absolute_pad_image", "random_crop_image")))
+    assert flip_pad_crop.data.augmentation.order == (
+        "random_horizontal_flip", "random_absolute_pad_image", "random_crop_image")
+    default = import_pipeline(odapi_file("random_crop_image", "random_absolute_pad_image", "random_horizontal_flip"))
+    assert set(default.tree["data"]["augmentation"]) == {
+        "random_crop_image", "random_absolute_pad_image", "random_horizontal_flip"}
+    jitter_first = import_pipeline(odapi_file("random_scale_crop_and_pad_to_square", "random_crop_image"))
+    assert "order" not in jitter_first.tree["data"]["augmentation"]
+    assert ("train_config.data_augmentation_options.random_scale_crop_and_pad_to_square: before random_crop_image in "
+            "the file; detsweep applies it last, on the resized image") in jitter_first.not_carried

@@ -245,6 +245,10 @@ def test_import_odapi_carries_every_field_of_the_augmentations_detsweep_has(writ
     assert augmentation.random_absolute_pad_image.model_dump() == {
         "max_height_padding": 200, "max_width_padding": 100, "pad_color": (10.0, 20.0, 30.0)}
     assert augmentation.random_scale_crop_and_pad_to_square.model_dump() == {"scale_min": 0.3, "scale_max": 1.7}
+    # the file's order, the flip first (detsweep's default puts it last); the scale jitter is last in both
+    assert augmentation.order == ("random_horizontal_flip", "random_crop_image", "random_adjust_brightness",
+                                  "random_adjust_contrast", "random_adjust_hue", "random_adjust_saturation",
+                                  "random_square_crop_by_scale", "random_absolute_pad_image")
 
 
 def test_unset_augmentation_fields_read_as_the_od_api_builds_them():

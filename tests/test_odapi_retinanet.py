@@ -27,6 +27,7 @@ ZOO_MODEL = {
     "force_match_for_each_row": True, "focal_alpha": 0.25, "focal_gamma": 2.0, "classification_loss_over_classes": "sum",
     "smooth_l1_delta": 1.0, "normalize_loc_loss_by_codesize": True, "classification_weight": 1.0,
     "localization_weight": 1.0, "score_threshold": 1e-8, "nms_iou_threshold": 0.6, "max_detections": 100,
+    "use_class_agnostic_nms": False, "max_detections_per_class": 100,  # unwritten: the OD API's per-class default
 }
 # What keras-hub's RetinaNet cannot hold, one line each, with why.
 PREDICTOR = "model.ssd.box_predictor.weight_shared_convolutional_box_predictor.conv_hyperparams"
@@ -37,8 +38,6 @@ ZOO_NOT_CARRIED = {
     f"{PREDICTOR}.batch_norm: keras-hub's heads have no batch norm (group norm at most)",
     f"{EXTRACTOR}.batch_norm: keras-hub's ResNet keeps its own batch norm settings",
     f"{EXTRACTOR}.initializer: keras-hub's ResNet and pyramid draw their own starting weights",
-    "model.ssd.post_processing.batch_non_max_suppression.max_detections_per_class: detsweep's suppression is "
-    "class-agnostic (keras-hub's): each box keeps its best class",
 }
 
 
@@ -51,11 +50,19 @@ def test_the_zoo_retinanet_imports_with_the_od_apis_numbers_and_names_what_keras
     assert config.model.aspect_ratios == (1.0, 2.0, 0.5) and config.model.image_resizer == "fixed_shape"
     # the zoo's augmentations, and its ImageNet checkpoint as the keras-hub preset to use
     assert imported.tree["data"]["augmentation"]["random_crop_image"]["min_aspect_ratio"] == 0.75
+    assert imported.tree["data"]["augmentation"]["order"] == ["random_horizontal_flip", "random_crop_image"]  # the file's
     assert imported.notes == ["fine_tune_checkpoint: PATH_TO_BE_CONFIGURED/resnet50.ckpt-1 (classification) is an "
                               "OD API checkpoint; detsweep starts from keras-hub presets: set model.weights: "
                               "resnet_50_imagenet (README: From the OD API's model zoo)"]
     detection = import_pipeline(ZOO_RETINANET.replace('"classification"', '"detection"'), "retinanet.config")
     assert "model.weights: retinanet_resnet50_fpn_coco" in detection.notes[0]
+
+
+def test_a_class_agnostic_suppression_and_its_per_class_cap_are_carried_as_written():
+    text = ZOO_RETINANET.replace("max_detections_per_class: 100", "max_detections_per_class: 7 use_class_agnostic_nms: true")
+    imported = import_pipeline(text, "retinanet.config")
+    assert imported.tree["model"] == {**ZOO_MODEL, "use_class_agnostic_nms": True, "max_detections_per_class": 7}
+    assert {line for line in imported.not_carried if line.startswith("model.")} == ZOO_NOT_CARRIED
 
 
 @pytest.mark.parametrize(("change", "line"), [

@@ -234,11 +234,11 @@ def test_a_whole_detector_preset_is_told_from_a_backbones(presets):
 def test_an_80_class_detector_preset_in_a_3_class_detector_loads_every_weight_but_a_fresh_class_head(detector_preset):
     from detsweep.config import ModelConfig
     from detsweep.models.detector_parts import TensorFlowNonMaxSuppression
-    from detsweep.models.detector_presets import build_detector_from_preset
+    from detsweep.models.detector_presets import build_detector_from_preset, preset_model_config
 
     folder, saved = detector_preset
     config = ModelConfig(weights=str(folder), score_threshold=0.2, nms_iou_threshold=0.4, max_detections=7)
-    detector = build_detector_from_preset(config, num_classes=3)
+    detector = build_detector_from_preset(preset_model_config(config), num_classes=3)
     loaded = {weight.path: weight.numpy() for weight in detector.weights}
     kept = [(path, value) for path, value in saved.items() if not is_class_head(path)]
     for (path, value), (loaded_path, loaded_value) in zip(
@@ -266,11 +266,11 @@ def test_an_80_class_detector_preset_in_a_3_class_detector_loads_every_weight_bu
 
 def test_a_detector_preset_of_the_same_classes_loads_every_weight_and_the_configs_training_settings(detector_preset):
     from detsweep.config import ModelConfig
-    from detsweep.models.detector_presets import build_detector_from_preset
+    from detsweep.models.detector_presets import build_detector_from_preset, preset_model_config
 
     folder, saved = detector_preset
     config = ModelConfig(weights=str(folder), class_prediction_bias_init=-4.6, use_sync_bn=True, l2_regularization=1e-4)
-    detector = build_detector_from_preset(config, num_classes=80)
+    detector = build_detector_from_preset(preset_model_config(config), num_classes=80)
     for (path, value), weight in zip(saved.items(), detector.weights, strict=True):
         assert weight.path == path
         np.testing.assert_array_equal(weight.numpy(), value, err_msg=path)  # the class bias too: no fresh start
@@ -281,10 +281,11 @@ def test_a_detector_preset_of_the_same_classes_loads_every_weight_and_the_config
 
 def test_a_fresh_class_head_starts_at_the_configs_class_bias(detector_preset):
     from detsweep.config import ModelConfig
-    from detsweep.models.detector_presets import build_detector_from_preset
+    from detsweep.models.detector_presets import build_detector_from_preset, preset_model_config
 
     folder, saved = detector_preset
-    detector = build_detector_from_preset(ModelConfig(weights=str(folder), class_prediction_bias_init=-4.6), 3)
+    config = preset_model_config(ModelConfig(weights=str(folder), class_prediction_bias_init=-4.6))
+    detector = build_detector_from_preset(config, 3)
     np.testing.assert_allclose(detector.classification_head.prediction_layer.bias.numpy(), np.full(6, -4.6))
     # the box head stays the preset's (the OD API's start zeroes a new one's)
     np.testing.assert_array_equal(detector.box_head.prediction_layer.bias.numpy(), saved["box_head/logits_layer/bias"])
@@ -355,12 +356,13 @@ def test_a_detector_preset_trains_through_detsweeps_loop_from_the_presets_weight
     from detsweep.data import load_dataset
     from detsweep.data.pipeline import training_dataset
     from detsweep.data.processing import InputSpec
-    from detsweep.models.detector_presets import preset_model_config, preset_normalisation
+    from detsweep.models.detector_presets import preset_normalisation, preset_trial_config
     from detsweep.train.checkpoint import build_training_state
     from detsweep.train.step import make_train_loop
 
     folder, saved = detector_preset
-    config = load_trial_config(QUICKSTART, [f"model.weights={folder}", "data.train.num_images=4", "data.val=null"])
+    config = preset_trial_config(load_trial_config(QUICKSTART, [f"model.weights={folder}", "data.train.num_images=4",
+                                                                "data.val=null"]))  # as run_training does
     strategy = tf.distribute.get_strategy()
     with strategy.scope():
         state, losses = build_training_state(config, 3)
@@ -368,7 +370,7 @@ def test_a_detector_preset_trains_through_detsweeps_loop_from_the_presets_weight
     for path, value in saved.items():
         if not is_class_head(path):
             np.testing.assert_array_equal(started[path], value, err_msg=path)
-    spec = InputSpec.of(preset_model_config(config.model))
+    spec = InputSpec.of(config.model)
     assert (spec.mean, spec.std) == preset_normalisation(str(folder))
     batches = iter(training_dataset(load_dataset(config.data.train, verify=False), spec, config.data.augmentation,
                                     batch_size=2, seed=0))
@@ -425,3 +427,119 @@ search:
     with pytest.raises(DetsweepError) as refused:  # launch refuses it before Ray or MLflow start
         launch(load_sweep(sweep), register=False)
     assert f"detsweep: error: {refused.value}\n" == line
+
+
+# --- a registry name or a handle, read as the workers read it ----------------------------------
+
+COCO = "retinanet_resnet50_fpn_coco"
+
+
+@pytest.fixture
+def kaggle_cache(detector_preset, tmp_path, monkeypatch) -> dict[str, str]:
+    """keras-hub's COCO RetinaNet by its registry name, with the tiny preset in its place in
+    kagglehub's own cache (``KAGGLEHUB_CACHE``, the folders and completion marks kagglehub writes
+    after a download): keras-hub and kagglehub read it as a download they made, and nothing is
+    fetched. The environment for a ``detsweep`` process."""
+    import keras_hub
+    from kagglehub.cache import Cache
+    from kagglehub.handle import parse_model_handle
+
+    cache = tmp_path / "kagglehub"
+    monkeypatch.setenv("KAGGLEHUB_CACHE", str(cache))
+    handle = parse_model_handle(keras_hub.models.RetinaNetObjectDetector.presets[COCO]["kaggle_handle"]
+                                .removeprefix("kaggle://"))
+    folder, _ = detector_preset
+    for file in (path for path in folder.rglob("*") if path.is_file()):
+        name = str(file.relative_to(folder))
+        Path(Cache().get_path(handle, name)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(file, Cache().get_path(handle, name))
+        Cache().mark_as_complete(handle, name)
+    return {"KAGGLEHUB_CACHE": str(cache)}
+
+
+def test_a_registry_name_or_a_handle_is_read_here_as_the_workers_read_it_and_its_architecture_said(
+        kaggle_cache, detector_preset):
+    """What replaces the user's fields is said before anything starts for a name or a handle
+    too, not only for a folder; and the detector loads from the name, every weight the preset's."""
+    from detsweep.config import ModelConfig, load_trial_config
+    from detsweep.models.detector_presets import build_detector_from_preset, preset_model_config
+    from detsweep.models.presets import architecture_note
+
+    said = ("model.weights: the preset {}'s architecture replaces model.image_size 128 → 96; model.max_level 5 → 4; "
+            "model.anchor_size 4.0 → 3.0; model.scales_per_octave 3 → 2; model.aspect_ratios (2.0, 1.0, 0.5) → (1.0,); "
+            "model.head_conv_layers 0 → 1")
+    result = run_cli("validate", str(SWEEP), "--set", f"base.model.weights={COCO}", "--set", "base.model.anchor_size=4",
+                     "--set", "base.model.scales_per_octave=3", "--set", "base.model.aspect_ratios=[2.0, 1.0, 0.5]",
+                     "--json", env=kaggle_cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [note for note in json.loads(result.stdout)["notes"] if "model.weights" in note] == [said.format(COCO)]
+    handle = f"kaggle://keras/retinanet/keras/{COCO}/4"
+    config = load_trial_config(QUICKSTART, [f"model.weights={handle}", "model.anchor_size=4", "model.scales_per_octave=3",
+                                            "model.aspect_ratios=[2.0, 1.0, 0.5]"])
+    assert architecture_note(config) == said.format(handle)
+    _, saved = detector_preset
+    detector = build_detector_from_preset(preset_model_config(ModelConfig(weights=COCO)), num_classes=80)
+    for (path, value), weight in zip(saved.items(), detector.weights, strict=True):
+        assert weight.path == path
+        np.testing.assert_array_equal(weight.numpy(), value, err_msg=path)
+
+
+def test_a_handle_that_cannot_be_read_here_is_said_in_one_line_and_left_to_the_workers(tmp_path, monkeypatch):
+    """No network on this machine (nor a cache of it): the check says so, and refuses nothing
+    (whether the handle exists is the workers' download to say)."""
+    from detsweep.config import load_trial_config
+    from detsweep.models.presets import architecture_note
+
+    monkeypatch.setenv("KAGGLEHUB_CACHE", str(tmp_path))
+    handle = "kaggle://someone/retinanet/keras/their_coco/2"
+    note = architecture_note(load_trial_config(QUICKSTART, [f"model.weights={handle}"]))
+    assert note.startswith(f"model.weights: the preset {handle} could not be read here (")
+    assert note.endswith("); the workers read it, and a whole detector's architecture wins over model.*")
+    assert "\n" not in note
+
+
+def test_the_presets_converter_gives_the_resizer_and_a_crop_is_said(detector_preset, tmp_path):
+    """keras-hub's converter pads (the OD API's keep_aspect_ratio with pad_to_max_dimension),
+    stretches (fixed_shape) or crops, which no OD API resizer does: then the config's stays, said."""
+    from detsweep.config import ModelConfig
+    from detsweep.models.detector_presets import preset_model_config, preset_overrides
+
+    folder, _ = detector_preset
+    assert preset_model_config(ModelConfig(weights=str(folder), image_resizer="fixed_shape")).image_resizer == \
+        "keep_aspect_ratio"
+    stretched = edited_copy(folder, tmp_path / "stretched", pad_to_aspect_ratio=False, crop_to_aspect_ratio=False)
+    assert preset_model_config(ModelConfig(weights=str(stretched))).image_resizer == "fixed_shape"
+    cropped = edited_copy(folder, tmp_path / "cropped", pad_to_aspect_ratio=False, crop_to_aspect_ratio=True)
+    config = ModelConfig(weights=str(cropped), image_size=96, max_level=4, anchor_size=3.0)
+    assert preset_model_config(config).image_resizer == "keep_aspect_ratio"
+    assert preset_overrides(config) == (
+        f"model.weights: the preset {cropped}'s image converter crops the picture to the square, which detsweep "
+        "never does: model.image_resizer stays keep_aspect_ratio")
+
+
+def test_a_preset_whose_architecture_the_rest_of_the_config_cannot_take_is_one_line(detector_preset, tmp_path):
+    """A stretching preset under the scale jitter (refused for a stretched square), and a box head
+    trained to another box code than keras-hub's RetinaNet decodes."""
+    from detsweep.config import ModelConfig, load_trial_config
+    from detsweep.errors import DetsweepError
+    from detsweep.models.detector_presets import preset_model_config, preset_trial_config
+
+    folder, _ = detector_preset
+    stretched = edited_copy(folder, tmp_path / "stretched", pad_to_aspect_ratio=False, crop_to_aspect_ratio=False)
+    jitter = load_trial_config(QUICKSTART, [f"model.weights={stretched}",
+                                            "data.augmentation.random_scale_crop_and_pad_to_square={}"])
+    with pytest.raises(DetsweepError) as refused:
+        preset_trial_config(jitter, "base.model.weights")
+    assert str(refused.value) == (
+        f"base.model.weights: found {str(stretched)!r}, a preset whose architecture the rest of the config cannot "
+        "take (data.augmentation.random_scale_crop_and_pad_to_square: found {'scale_min': 0.1, 'scale_max': 2.0}, "
+        "expected none with model.image_resizer: fixed_shape (it would zoom the stretched square))")
+    assert preset_trial_config(load_trial_config(QUICKSTART, [f"model.weights={folder}"])).model.image_size == 96
+    coded = shutil.copytree(folder, tmp_path / "yxhw")
+    task = json.loads((coded / "task.json").read_text())
+    task["config"]["label_encoder"]["config"]["encoding_format"] = "center_yxhw"
+    (coded / "task.json").write_text(json.dumps(task))
+    with pytest.raises(DetsweepError) as refused:
+        preset_model_config(ModelConfig(weights=str(coded)))
+    assert str(refused.value) == (f"model.weights: found {str(coded)!r}, a preset whose label encoder codes boxes as "
+                                  "center_yxhw; expected center_xywh, the code keras-hub's RetinaNet decodes")

@@ -12,7 +12,7 @@ into the detsweep config, or named in :attr:`Imported.not_carried` or
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from google.protobuf import message, text_format
 from google.protobuf.descriptor import FieldDescriptor
@@ -21,7 +21,7 @@ from detsweep.errors import DetsweepError
 from detsweep.textproto import WrittenField, as_written, build_message_classes, written_fields
 
 from .odapi_ssd import carry_ssd
-from .schema import AugmentationConfig
+from .schema import AugmentationConfig, DecodedImageStep
 
 _PACKAGE = "detsweep.odapi"
 _RESIZE_METHOD = "enum:BILINEAR,NEAREST_NEIGHBOR,BICUBIC,AREA"
@@ -265,6 +265,7 @@ _ONEOFS = {
 _CLASSES = build_message_classes("detsweep_odapi_subset.proto", _PACKAGE, _MESSAGES, _ONEOFS)
 
 _AUGMENTATION_OPTIONS = "train_config.data_augmentation_options"
+_DECODED_IMAGE_STEPS: tuple[str, ...] = get_args(DecodedImageStep)  # in detsweep's default order
 # Why the subset's fields that no converter below carries over are left out, by plain path.
 _WHY_LEFT_OUT = {
     "train_config.fine_tune_checkpoint_type": "goes with fine_tune_checkpoint, whose note names the preset to use",
@@ -434,8 +435,25 @@ def _carry_augmentations(options: Any, imported: Imported) -> None:
             imported.carry(*(f"{path}.{name}" for name in fields))
         elif kind:
             imported.leave_out(path, f"{_AUGMENTATION_OPTIONS}.{kind}: not supported by detsweep")
+    _carry_order(augmentation, imported)
     if augmentation:
         imported.tree.setdefault("data", {}).setdefault("augmentation", {}).update(augmentation)
+
+
+def _carry_order(augmentation: dict[str, Any], imported: Imported) -> None:
+    """The OD API applies the steps in the file's order (``augmentation``'s, the first of a step
+    given twice): the decoded image's steps in another order than detsweep's default become
+    ``order``; the scale jitter, which detsweep applies last (on the resized image), is named
+    when the file has such steps after it."""
+    steps = list(augmentation)
+    in_file_order = [step for step in steps if step in _DECODED_IMAGE_STEPS]
+    if in_file_order != [step for step in _DECODED_IMAGE_STEPS if step in augmentation]:
+        augmentation["order"] = in_file_order
+    jitter = "random_scale_crop_and_pad_to_square"
+    after = steps[steps.index(jitter) + 1:] if jitter in steps else []  # each a step on the decoded image
+    if after:
+        imported.leave_out(f"{_AUGMENTATION_OPTIONS}.{jitter}", f"{_AUGMENTATION_OPTIONS}.{jitter}: before "
+                           f"{', '.join(after)} in the file; detsweep applies it last, on the resized image")
 
 
 def _augmentation_step(kind: str, step: message.Message) -> tuple[Any, list[str]]:

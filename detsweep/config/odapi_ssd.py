@@ -201,13 +201,12 @@ def _carry_post_processing(post: message.Message, model: dict, imported: Importe
     if not post.HasField("batch_non_max_suppression"):
         return
     nms, inner = post.batch_non_max_suppression, f"{path}.batch_non_max_suppression"
+    # unwritten, the OD API's defaults: per class (use_class_agnostic_nms false), 100 kept in each
     model.update(score_threshold=as_written(nms.score_threshold), nms_iou_threshold=as_written(nms.iou_threshold),
-                 max_detections=nms.max_total_detections)
-    imported.carry(f"{inner}.score_threshold", f"{inner}.iou_threshold", f"{inner}.max_total_detections")
-    for flag in ("max_detections_per_class", "use_class_agnostic_nms"):
-        if nms.HasField(flag):
-            _carry_if(imported, f"{inner}.{flag}", when=nms.use_class_agnostic_nms,
-                      why="detsweep's suppression is class-agnostic (keras-hub's): each box keeps its best class")
+                 max_detections=nms.max_total_detections, use_class_agnostic_nms=nms.use_class_agnostic_nms,
+                 max_detections_per_class=nms.max_detections_per_class)
+    imported.carry(*(f"{inner}.{name}" for name in ("score_threshold", "iou_threshold", "max_total_detections",
+                                                     "use_class_agnostic_nms", "max_detections_per_class")))
 
 
 def _carry_loss(loss: message.Message, model: dict, imported: Imported) -> None:

@@ -296,12 +296,18 @@ class AbsolutePadConfig(Section):
         None, description="RGB, 0..255; None: the image's mean colour (the OD API's default)")
 
 
+# The steps on the decoded image, by their AugmentationConfig field, in their default order.
+DecodedImageStep = Literal["random_crop_image", "random_adjust_brightness", "random_adjust_contrast",
+                           "random_adjust_hue", "random_adjust_saturation", "random_square_crop_by_scale",
+                           "random_absolute_pad_image", "random_horizontal_flip"]
+
+
 class AugmentationConfig(Section):
     """The OD API's data_augmentation_options that detsweep has, each on the decoded image (before
-    the resize) in this order, whatever the order of an OD API file: random_crop_image, the colour
-    steps (brightness, contrast, hue, saturation), random_square_crop_by_scale,
-    random_absolute_pad_image, random_horizontal_flip; then, on the resized image,
-    random_scale_crop_and_pad_to_square."""
+    the resize) in the order ``order`` names them (an imported file's order), the others after
+    them in this order: random_crop_image, the colour steps (brightness, contrast, hue,
+    saturation), random_square_crop_by_scale, random_absolute_pad_image, random_horizontal_flip;
+    then, on the resized image, random_scale_crop_and_pad_to_square."""
 
     random_horizontal_flip: Probability = Field(0.0, description="probability of a flip (the OD API's default is 0.5)")
     random_crop_image: RandomCropImageConfig | None = None
@@ -314,6 +320,16 @@ class AugmentationConfig(Section):
     random_scale_crop_and_pad_to_square: ScaleCropConfig | None = Field(
         None, description="scale jitter: zoom by a random factor, then crop or pad back to the square"
     )
+    order: tuple[DecodedImageStep, ...] = Field(
+        (), description="the steps above on the decoded image in the order of an OD API file's "
+                        "data_augmentation_options; steps set but not named follow in the default order")
+
+    @model_validator(mode="after")
+    def _each_step_once(self) -> AugmentationConfig:
+        repeated = sorted({step for step in self.order if self.order.count(step) > 1})
+        if repeated:
+            raise invalid("order", list(self.order), f"each step at most once ({repeated[0]} is there twice)")
+        return self
 
 
 class DataConfig(Section):
@@ -387,7 +403,13 @@ class ModelConfig(Section):
     localization_weight: NonNegFloat = Field(1.0, description="the OD API's loss.localization_weight")
     score_threshold: Probability = Field(0.05, description="detections below are dropped (COCO convention)")
     nms_iou_threshold: Probability = 0.5
-    max_detections: PosInt = 100
+    max_detections: PosInt = Field(100, description="detections kept per image (the OD API's max_total_detections)")
+    use_class_agnostic_nms: bool = Field(
+        True, description="true: one suppression over every class, each box with its best class (keras-hub's); "
+                          "false: a suppression per class, a box kept under each class it scores for (the OD "
+                          "API's default)")
+    max_detections_per_class: PosInt = Field(100, description="with use_class_agnostic_nms false: detections "
+                                                              "kept per class before the best max_detections")
 
     @model_validator(mode="after")
     def _check_pyramid(self) -> ModelConfig:

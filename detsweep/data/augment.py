@@ -39,15 +39,20 @@ from .processing import InputSpec
 
 def augmented(example: dict, augmentation: AugmentationConfig) -> dict:
     """``example`` (the decoded image) through the steps ``augmentation`` sets, in the order
-    :class:`~detsweep.config.AugmentationConfig` states (``random_scale_crop_and_pad_to_square``
-    excepted: it comes after the resize)."""
-    for name, step in _ON_THE_DECODED_IMAGE:
+    :class:`~detsweep.config.AugmentationConfig` states: those ``order`` names in its order, then
+    the others in the default order (``random_scale_crop_and_pad_to_square`` excepted: it comes
+    after the resize). Each draw is named and stateless: the order does not change a step's draws."""
+    for name in _in_order(augmentation.order):
         config = getattr(augmentation, name)
-        if config is not None:
-            example = step(example, config)
-    if augmentation.random_horizontal_flip > 0:
-        example = random_horizontal_flip(example, augmentation.random_horizontal_flip)
+        if config is not None and config != 0:  # off: not set, or a flip of probability 0
+            example = _ON_THE_DECODED_IMAGE[name](example, config)
     return example
+
+
+def _in_order(order: tuple[str, ...]) -> list[str]:
+    """Every step on the decoded image: those ``order`` names, in its order, then the rest in the
+    default order."""
+    return [*order, *(name for name in _ON_THE_DECODED_IMAGE if name not in order)]
 
 
 # --- geometry ------------------------------------------------------------------------------
@@ -216,16 +221,18 @@ def _recoloured(example: dict, adjust: Callable[[tf.Tensor], tf.Tensor]) -> dict
     return {**example, "image": tf.clip_by_value(adjust(example["image"] / 255.0) * 255.0, 0.0, 255.0)}
 
 
-# The steps on the decoded image, in their order, by their AugmentationConfig field.
-_ON_THE_DECODED_IMAGE: tuple[tuple[str, Callable[[dict, Any], dict]], ...] = (
-    ("random_crop_image", random_crop_image),
-    ("random_adjust_brightness", random_adjust_brightness),
-    ("random_adjust_contrast", random_adjust_contrast),
-    ("random_adjust_hue", random_adjust_hue),
-    ("random_adjust_saturation", random_adjust_saturation),
-    ("random_square_crop_by_scale", random_square_crop_by_scale),
-    ("random_absolute_pad_image", random_absolute_pad_image),
-)
+# The steps on the decoded image in their default order, by their AugmentationConfig field (as
+# its DecodedImageStep), each taking the field's value: a section, or the flip's probability.
+_ON_THE_DECODED_IMAGE: dict[str, Callable[[dict, Any], dict]] = {
+    "random_crop_image": random_crop_image,
+    "random_adjust_brightness": random_adjust_brightness,
+    "random_adjust_contrast": random_adjust_contrast,
+    "random_adjust_hue": random_adjust_hue,
+    "random_adjust_saturation": random_adjust_saturation,
+    "random_square_crop_by_scale": random_square_crop_by_scale,
+    "random_absolute_pad_image": random_absolute_pad_image,
+    "random_horizontal_flip": random_horizontal_flip,
+}
 
 
 # --- boxes ---------------------------------------------------------------------------------

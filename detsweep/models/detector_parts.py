@@ -65,6 +65,8 @@ def finish_detector(detector: keras_hub.models.RetinaNetObjectDetector,
         confidence_threshold=config.score_threshold,
         iou_threshold=config.nms_iou_threshold,
         max_detections=config.max_detections,
+        class_agnostic=config.use_class_agnostic_nms,
+        max_detections_per_class=config.max_detections_per_class,
     )
     return detector
 
@@ -106,14 +108,31 @@ class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
     - Keras's argmax of floats adds a BitwiseAnd (to put -0.0 below 0.0), for which TFLite has
       no builtin kernel; sigmoid scores are never -0.0, so ``tf.argmax`` gives the same labels.
 
+    ``class_agnostic`` (keras-hub's, the default): one suppression over each box with its best
+    class. Off, the OD API's default (``use_class_agnostic_nms: false``): a suppression per
+    class, at most ``max_detections_per_class`` kept in each, then the best ``max_detections``
+    of them all by score; a box may be kept under several classes. It stays builtin ops for
+    TFLite: ``tf.image.combined_non_max_suppression``, which does the same, is no builtin.
+
     Boxes stay in the model's format: ``yxyx``, the one the suppression reads. Rows past
     ``num_detections`` are -1, as keras-hub's.
     """
+
+    def __init__(self, *args, class_agnostic: bool = True, max_detections_per_class: int = 100, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.class_agnostic = class_agnostic
+        self.max_detections_per_class = max_detections_per_class
+
+    def get_config(self):
+        return {**super().get_config(), "class_agnostic": self.class_agnostic,
+                "max_detections_per_class": self.max_detections_per_class}
 
     def call(self, box_prediction, class_prediction, images=None):
         # float32 whatever the policy: under mixed_float16 Keras hands a layer float16 inputs
         box_prediction, class_prediction = tf.cast(box_prediction, tf.float32), tf.cast(class_prediction, tf.float32)
         scores = ops.sigmoid(class_prediction) if self.from_logits else class_prediction
+        if not self.class_agnostic:
+            return self._per_class(box_prediction, scores)
         confidence = ops.max(scores, axis=-1)
         kept, count = tf.image.non_max_suppression_padded(
             box_prediction, confidence, self.max_detections, iou_threshold=self.iou_threshold,
@@ -126,4 +145,34 @@ class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
             "num_detections": count,
         }
 
-
+    def _per_class(self, boxes: tf.Tensor, scores: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Every (image, class) pair suppressed at once, each over its own boxes by score; then
+        the best ``max_detections`` of the ``classes * per_class`` candidates of each image."""
+        classes, num_boxes = scores.shape[-1], boxes.shape[1]
+        # a class keeps at most all its boxes: fewer candidates to rank (a dynamic count: padding)
+        per_class = self.max_detections_per_class if num_boxes is None else min(self.max_detections_per_class, num_boxes)
+        # A box at or below the threshold is neither kept nor suppresses one, and the suppression's
+        # time grows with the square of its boxes (minutes an image for 90 classes at 640 px when
+        # few score above it): each pair gets the most that any has above it, best first.
+        class_scores = tf.transpose(scores, [0, 2, 1])  # [batch, classes, boxes]
+        above = tf.reduce_sum(tf.cast(class_scores > self.confidence_threshold, tf.int32), axis=-1)
+        class_scores, order = tf.math.top_k(class_scores, tf.maximum(tf.reduce_max(above), 1))
+        position, count = tf.image.non_max_suppression_padded(
+            tf.gather(boxes, order, batch_dims=1), class_scores, per_class, iou_threshold=self.iou_threshold,
+            score_threshold=self.confidence_threshold, pad_to_max_output_size=True, sorted_input=True,
+            canonicalized_coordinates=True)
+        # padding rows rank below every kept one; fewer candidates than max_detections: more padding
+        candidates = tf.where(tf.range(per_class) < tf.expand_dims(count, -1),
+                              tf.gather(class_scores, position, batch_dims=2), float("-inf"))
+        padding = [[0, 0], [0, max(self.max_detections - classes * per_class, 0)]]
+        candidates = tf.pad(tf.reshape(candidates, [-1, classes * per_class]), padding, constant_values=float("-inf"))
+        confidence, best = tf.math.top_k(candidates, self.max_detections)
+        kept = tf.pad(tf.reshape(tf.gather(order, position, batch_dims=2), [-1, classes * per_class]), padding)
+        total = tf.minimum(tf.reduce_sum(count, axis=1), self.max_detections)
+        valid = tf.range(self.max_detections)[None, :] < total[:, None]
+        return {
+            "boxes": tf.where(valid[..., None], tf.gather(boxes, tf.gather(kept, best, batch_dims=1), batch_dims=1), -1.0),
+            "confidence": tf.where(valid, confidence, -1.0),
+            "labels": tf.where(valid, best // per_class, -1),  # candidates are class by class
+            "num_detections": total,
+        }

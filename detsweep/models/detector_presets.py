@@ -10,7 +10,8 @@ keras-hub's own ``from_preset(..., num_classes=n)`` would start both heads fresh
 loads no task weights whenever ``num_classes`` is given, only the backbone's. Here the task
 weights are loaded after it, the class head left out only when its shape changed.
 
-The preset's architecture wins over the model section (:func:`preset_model_config`), and
+The preset's architecture wins over the model section (:func:`preset_model_config`, applied to
+a whole trial config at each process edge by :func:`preset_trial_config`), and
 :func:`preset_overrides` says in one line what it replaced. Everything that only trains (losses,
 matcher thresholds, regularisation, NMS, batch norm) stays the config's.
 """
@@ -25,7 +26,8 @@ import keras_hub
 import numpy as np
 from pydantic import ValidationError
 
-from detsweep.config import ModelConfig
+from detsweep.config import ModelConfig, TrialConfig
+from detsweep.config.loader import describe
 from detsweep.errors import DetsweepError
 
 from .detector_parts import anchor_generator, finish_detector, label_encoder, start_heads
@@ -33,8 +35,10 @@ from .detector_parts import anchor_generator, finish_detector, label_encoder, st
 Normalisation = tuple[tuple[float, float, float], tuple[float, float, float]]
 
 # The model section's fields a RetinaNet preset fixes: what its weights were trained for.
-ARCHITECTURE = ("image_size", "min_level", "max_level", "anchor_size", "scales_per_octave", "aspect_ratios",
-                "head_conv_layers", "box_coder_scales")
+ARCHITECTURE = ("image_size", "image_resizer", "min_level", "max_level", "anchor_size", "scales_per_octave",
+                "aspect_ratios", "head_conv_layers", "box_coder_scales")
+# The one box code keras-hub's RetinaNet decodes (``decode_predictions``), whatever its encoder says.
+BOX_CODE = "center_xywh"
 
 
 def is_detector_preset(weights: str) -> bool:
@@ -53,9 +57,17 @@ def is_detector_preset(weights: str) -> bool:
 
 
 def names_a_detector_here(weights: str) -> bool:
-    """:func:`is_detector_preset`, answered without a download: a registry name, or a folder here
-    (a handle is only the workers' to read)."""
-    return weights in keras_hub.models.ObjectDetector.presets or (os.path.isdir(weights) and is_detector_preset(weights))
+    """:func:`is_detector_preset`, as far as this machine can answer it: a registry name, a folder
+    here, or a handle whose ``task.json`` can be downloaded here (False when it cannot be read:
+    :func:`~.presets.architecture_note` says so)."""
+    if weights in keras_hub.models.ObjectDetector.presets:
+        return True
+    if "://" in weights:
+        try:
+            return is_detector_preset(weights)
+        except Exception:  # no network here: the workers' download will tell
+            return False
+    return os.path.isdir(weights) and is_detector_preset(weights)
 
 
 def saved_task_class(weights: str) -> type | None:
@@ -84,6 +96,22 @@ def check_retinanet_preset(weights: str, field: str) -> None:
 
 # --- the preset's architecture ------------------------------------------------------------------
 
+def preset_trial_config(config: TrialConfig, field: str = "model.weights") -> TrialConfig:
+    """``config`` with :func:`preset_model_config`'s model section, validated whole again: the
+    preset's resizer meets the config's augmentations there. ``config`` itself when
+    ``model.weights`` is no detector's preset. What does not fit is one line naming ``field``."""
+    model = preset_model_config(config.model, field)
+    if model is config.model:
+        return config
+    tree = {**config.model_dump(exclude_unset=True), "model": model.model_dump(exclude_unset=True)}
+    try:
+        return TrialConfig.model_validate(tree)
+    except ValidationError as error:
+        where = describe(error, TrialConfig, "", {}).removeprefix(": ")
+        raise DetsweepError(f"{field}: found {config.model.weights!r}, a preset whose architecture the rest of "
+                            f"the config cannot take ({where})") from None
+
+
 def preset_model_config(config: ModelConfig, field: str = "model.weights") -> ModelConfig:
     """``config`` with a whole-detector preset's architecture (:data:`ARCHITECTURE`) in place of its
     own; ``config`` itself when ``config.weights`` is no detector's preset. The fields set are the
@@ -93,6 +121,7 @@ def preset_model_config(config: ModelConfig, field: str = "model.weights") -> Mo
     if not is_detector_preset(config.weights):
         return config
     check_retinanet_preset(config.weights, field)
+    check_box_code(config.weights, field)
     fitted = fit_image_size(preset_architecture(config.weights))
     # the preset's normalisation, ImageNet's (None) included: what its weights were trained on
     fitted["image_mean"], fitted["image_std"] = preset_normalisation(config.weights) or (None, None)
@@ -120,9 +149,12 @@ def preset_overrides(config: ModelConfig) -> str | None:
         if rounded or (name in config.model_fields_set and not _same(mine, theirs)):
             why = f" (the preset's {found[name]}, rounded to a multiple of {2 ** replaced.max_level})" if rounded else ""
             changes.append(f"model.{name} {mine} → {theirs}{why}")
-    if not changes:
-        return None
-    return f"model.weights: the preset {config.weights}'s architecture replaces " + "; ".join(changes)
+    said = [f"the preset {config.weights}'s architecture replaces " + "; ".join(changes)] if changes else []
+    converter = preset_image_converter(config.weights)
+    if converter is not None and converter_resizer(converter) is None:
+        said.append(f"the preset {config.weights}'s image converter crops the picture to the square, which "
+                    f"detsweep never does: model.image_resizer stays {config.image_resizer}")
+    return "model.weights: " + "; ".join(said) if said else None
 
 
 def preset_architecture(weights: str) -> dict[str, Any]:
@@ -146,7 +178,32 @@ def preset_architecture(weights: str) -> dict[str, Any]:
     sizes = (converter.image_size if converter is not None else None) or backbone.get("image_shape", [None])[:2]
     if None not in sizes:
         found["image_size"] = max(sizes)  # the longer side: detsweep's input is a square
+    resizer = converter_resizer(converter) if converter is not None else None
+    if resizer is not None:
+        found["image_resizer"] = resizer
     return found
+
+
+def converter_resizer(converter: keras.layers.Layer) -> str | None:
+    """``model.image_resizer`` as a keras-hub image converter resizes: padded to its aspect ratio is
+    ``keep_aspect_ratio`` (the OD API's ``pad_to_max_dimension``, the padding centred there, at the
+    bottom and right here), neither padded nor cropped is ``fixed_shape``; None for a crop, which
+    no OD API resizer does (it would cut boxes off)."""
+    if converter.pad_to_aspect_ratio:
+        return "keep_aspect_ratio"
+    return None if converter.crop_to_aspect_ratio else "fixed_shape"
+
+
+def check_box_code(weights: str, field: str) -> None:
+    """Refuse, in one line, a preset whose label encoder codes boxes otherwise than keras-hub's
+    RetinaNet decodes them (:data:`BOX_CODE`): its box head was trained to another code."""
+    from keras_hub.src.utils import preset_utils
+
+    task = preset_utils.load_json(weights, preset_utils.TASK_CONFIG_FILE)["config"]
+    code = task.get("label_encoder", {}).get("config", {}).get("encoding_format", BOX_CODE)
+    if code != BOX_CODE:
+        raise DetsweepError(f"{field}: found {weights!r}, a preset whose label encoder codes boxes as {code}; "
+                            f"expected {BOX_CODE}, the code keras-hub's RetinaNet decodes")
 
 
 def fit_image_size(found: dict[str, Any]) -> dict[str, Any]:
@@ -208,10 +265,10 @@ def preset_normalisation(weights: str) -> Normalisation | None:
 def build_detector_from_preset(config: ModelConfig, num_classes: int) -> keras_hub.models.RetinaNetObjectDetector:
     """The preset's whole detector for ``num_classes``: every weight the preset's, but the class head's
     when ``num_classes`` is not the preset's (a new head then, started as ``build_retinanet`` starts
-    one). The architecture is :func:`preset_model_config`'s; boxes are ``yxyx`` whatever format the
-    preset was saved in, and what only trains (matcher, regularisation, batch norm, NMS) is the
-    config's, as ``build_retinanet`` applies it. The detector is used as ``build_retinanet``'s."""
-    config = preset_model_config(config)
+    one). ``config`` holds the preset's architecture already (:func:`preset_trial_config`, at the
+    process's edge); boxes are ``yxyx`` whatever format the preset was saved in, and what only
+    trains (matcher, regularisation, batch norm, NMS) is the config's, as ``build_retinanet``
+    applies it. The detector is used as ``build_retinanet``'s."""
     anchors = anchor_generator(config)
     # keras-hub loads the backbone's weights (encoder and pyramid) and builds both heads fresh
     detector = keras_hub.models.RetinaNetObjectDetector.from_preset(

@@ -7,8 +7,10 @@ keras-hub's ``from_preset``, and a preset it cannot load, or one of another kind
 otherwise be found only there, after the cluster started. A preset is read as keras-hub reads
 it (``keras_hub/src/utils/preset_utils.py``): a folder is one when keras-hub's loader
 recognises its ``config.json``, whose class is the backbone's, and its ``task.json`` names the
-task (e.g. a whole detector) saved with it. Handles are only checked for their form: nothing
-can be downloaded before the workers do it.
+task (e.g. a whole detector) saved with it. A handle is checked for its form; whether it exists
+is the download's to say. A whole detector's preset named by a registry name or a handle is read
+here only to say what its architecture replaces (:func:`architecture_note`): its small json
+files, which keras-hub keeps in its cache for the workers on this node.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from __future__ import annotations
 import os
 import re
 
-from detsweep.config import ModelConfig
+from detsweep.config import ModelConfig, TrialConfig
 from detsweep.errors import DetsweepError
 
-from .detector_presets import check_retinanet_preset, preset_model_config, preset_overrides
+from .detector_presets import check_retinanet_preset, preset_model_config, preset_overrides, preset_trial_config
 
 EXPECTED = ("expected a keras-hub preset of an image encoder or of a RetinaNet detector: a folder save_to_preset "
             "wrote, kaggle://owner/model/keras/variant[/version], hf://owner/name, or a keras-hub preset name "
@@ -182,10 +184,30 @@ def _is_detector_backbone(backbone: type) -> bool:
     return any(issubclass(backbone, detector.backbone_cls) for detector in detectors if detector.backbone_cls)
 
 
-def architecture_note(model: ModelConfig) -> str | None:
-    """The one line saying which model fields a whole-detector preset in a folder here replaces
-    (:func:`~.detector_presets.preset_overrides`); None for anything else, and for a registry
-    name or a handle, which only the workers download."""
-    if model.weights == "none" or "://" in model.weights or not os.path.isdir(model.weights):
+def architecture_note(config: TrialConfig, field: str = "model.weights", local: bool = True) -> str | None:
+    """The one line saying which model fields a whole detector's preset replaces
+    (:func:`~.detector_presets.preset_overrides`), once the config with them is checked whole
+    (:func:`~.detector_presets.preset_trial_config`); None for any other ``model.weights``. A
+    folder is read when ``local`` (a cluster config's nodes hold theirs). A registry name or a
+    handle is read as the workers will read it, its json files downloaded into keras-hub's cache;
+    where that fails (no network here), the line says so, and the workers apply it unseen."""
+    weights = config.model.weights
+    if weights == "none" or weights in _image_encoder_presets():
         return None
-    return preset_overrides(model)
+    if "://" not in weights and not is_preset_name(weights):  # a folder
+        return _read_note(config, field) if local and os.path.isdir(weights) else None
+    from keras_hub.src.utils import preset_utils
+
+    try:
+        preset_utils.get_file(weights, preset_utils.CONFIG_FILE)  # every preset has one
+    except Exception as error:  # no network, or no such preset: the workers' download will say which
+        reason = " ".join(str(error).split())
+        return (f"model.weights: the preset {weights} could not be read here ({type(error).__name__}: "
+                f"{reason[:100]}{'…' if len(reason) > 100 else ''}); the workers read it, and a whole "
+                "detector's architecture wins over model.*")
+    return _read_note(config, field)
+
+
+def _read_note(config: TrialConfig, field: str) -> str | None:
+    preset_trial_config(config, field)
+    return preset_overrides(config.model)

@@ -47,7 +47,7 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
 
     notes = [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}"
              for where in check_preset(sweep, local=on_a_node)]
-    notes += preset_note(sweep) if on_a_node else []
+    notes += preset_note(sweep, local=on_a_node)
     try:
         check_fits(sweep, capacity)
     except DetsweepError as error:
@@ -117,13 +117,14 @@ def check_swept_network(sweep: Sweep) -> None:
                                 "whose architecture wins")
 
 
-def preset_note(sweep: Sweep) -> list[str]:
-    """What a whole-detector preset in a folder here replaces in the base's model section."""
+def preset_note(sweep: Sweep, local: bool) -> list[str]:
+    """What a whole detector's preset replaces in the base's model section (a folder: only when
+    ``local``, this machine's)."""
     if sweep.base.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
         return []
     from detsweep.models.presets import architecture_note
 
-    note = architecture_note(sweep.base.model)
+    note = architecture_note(sweep.base, f"{sweep.path}: base.model.weights", local=local)
     return [note] if note else []
 
 

@@ -17,7 +17,7 @@ from detsweep.config.schema import TrainConfig
 from detsweep.data import DetectionSet, load_dataset
 from detsweep.data.pipeline import training_dataset
 from detsweep.data.processing import InputSpec
-from detsweep.models.detector_presets import preset_model_config
+from detsweep.models.detector_presets import preset_trial_config
 from detsweep.startup import StartupClock
 
 from .checkpoint import TrainingState, build_training_state, weights_fingerprint
@@ -64,7 +64,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     startup.mark("strategy")
     keras.mixed_precision.set_global_policy(train.mixed_precision)
     keras.utils.set_random_seed(train.seed)
-    config = config.model_copy(update={"model": preset_model_config(config.model)})  # a detector preset's wins
+    config = preset_trial_config(config)  # a detector preset's architecture wins
     train_set = load_dataset(config.data.train, verify=False)  # the driver verified the files
     val_set = load_dataset(config.data.val, verify=False) if config.data.val else None
     spec = InputSpec.of(config.model)

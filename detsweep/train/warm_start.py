@@ -22,6 +22,7 @@ import tensorflow as tf
 from detsweep.checkpoints import PREFIX, check_checkpoint, read_config, read_meta
 from detsweep.config import TrialConfig
 from detsweep.errors import DetsweepError
+from detsweep.models.detector_presets import preset_trial_config
 
 from .checkpoint import TrainingState, build_training_state
 
@@ -74,7 +75,7 @@ def restore_what_fits(state: TrainingState, config: TrialConfig, directory: Path
 def plan_warm_start(config: TrialConfig, num_classes: int, directory: Path | None = None) -> WarmStart:
     """What :func:`restore_what_fits` will do in the workers, done once here first, so that a
     checkpoint that does not fit fails before anything starts."""
-    state, _ = build_training_state(config, num_classes)
+    state, _ = build_training_state(preset_trial_config(config), num_classes)
     return restore_what_fits(state, config, directory)
 
 

@@ -141,7 +141,7 @@ def check_weights(config: TrialConfig, field: str) -> None:
 
     with console.working(f"checking the preset {config.model.weights}"):
         check_weights_preset(config.model.weights, field)
-        note = architecture_note(config.model)
+        note = architecture_note(config, field)
     if note:
         console.say(note)
 
