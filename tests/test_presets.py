@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, run_bounded, run_cli
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 SWEEP = REPO / "sweeps" / "quickstart.yaml"
@@ -543,3 +543,39 @@ def test_a_preset_whose_architecture_the_rest_of_the_config_cannot_take_is_one_l
         preset_model_config(ModelConfig(weights=str(coded)))
     assert str(refused.value) == (f"model.weights: found {str(coded)!r}, a preset whose label encoder codes boxes as "
                                   "center_yxhw; expected center_xywh, the code keras-hub's RetinaNet decodes")
+
+
+def test_a_hugging_face_handle_loads_from_the_hubs_cache_as_a_download(detector_preset, tmp_path):
+    """``hf://owner/name`` as keras-hub reads it (``huggingface_hub.hf_hub_download``), from the
+    Hub's own cache layout (``refs/main`` naming a snapshot) with the Hub offline, in a process of
+    its own (the Hub reads its settings at import): the architecture line and every weight."""
+    folder, saved = detector_preset
+    repo = tmp_path / "hub" / "models--someone--tiny_coco"
+    snapshot = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(folder, repo / "snapshots" / snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(snapshot)
+    np.savez(tmp_path / "saved.npz", **{path.replace("/", "|"): value for path, value in saved.items()})
+    check = f"""
+import numpy as np
+from detsweep.config import ModelConfig, load_trial_config
+from detsweep.models.detector_presets import build_detector_from_preset, preset_model_config
+from detsweep.models.presets import architecture_note
+print(architecture_note(load_trial_config({str(QUICKSTART)!r}, ["model.weights=hf://someone/tiny_coco"])))
+saved = np.load({str(tmp_path / "saved.npz")!r})
+detector = build_detector_from_preset(preset_model_config(ModelConfig(weights="hf://someone/tiny_coco")), 80)
+assert [w.path for w in detector.weights] == [name.replace("|", "/") for name in saved.files]
+for weight, name in zip(detector.weights, saved.files):
+    np.testing.assert_array_equal(weight.numpy(), saved[name], err_msg=name)
+print("every weight", len(saved.files))
+"""
+    import sys
+
+    from .conftest import cli_environment
+
+    result = run_bounded([sys.executable, "-c", check], cwd=REPO, timeout=120, env=cli_environment(
+        {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "model.weights: the preset hf://someone/tiny_coco's architecture replaces model.image_size 128 → 96; "
+        "model.max_level 5 → 4; model.head_conv_layers 0 → 1", f"every weight {len(saved)}"]
