@@ -86,6 +86,37 @@ def test_per_class_suppression_keeps_what_the_od_apis_multiclass_nms_keeps(trace
     assert max(np.bincount([label for _, label, _ in uncapped])) > 3
 
 
+def keras_hub_class_agnostic_nms(boxes: np.ndarray, scores: np.ndarray, max_detections: int) -> list:
+    """One image's ``(score, class, box)`` as keras-hub's suppression keeps them: each box with its
+    best class and score, greedy over those above SCORE, at most ``max_detections``."""
+    confidence, labels = scores.max(axis=1), scores.argmax(axis=1)
+    left = [i for i in np.argsort(-confidence, kind="stable") if confidence[i] > SCORE]
+    chosen = []
+    while left and len(chosen) < max_detections:
+        best, *left = left
+        chosen.append(best)
+        left = [i for i in left if iou(boxes[best], boxes[[i]])[0] <= IOU]
+    return [(confidence[i], labels[i], boxes[i]) for i in chosen]
+
+
+def test_class_agnostic_suppression_keeps_what_keras_hubs_keeps_from_the_boxes_above_the_threshold():
+    """Only the boxes above the threshold are suppressed (a box below it can neither be kept nor
+    suppress one): the same detections as over every box."""
+    layer = suppression(class_agnostic=True, max_detections=40)
+    boxes, scores = clustered()
+    found = tf.function(layer)(tf.constant(boxes), tf.constant(scores))
+    counts = []
+    for image in range(len(boxes)):
+        count, confidence, labels, kept_boxes = rows(found, image)
+        expected = keras_hub_class_agnostic_nms(boxes[image], scores[image], max_detections=40)
+        counts.append(count)
+        assert count == len(expected)
+        np.testing.assert_array_equal(confidence[:count], [score for score, _, _ in expected])
+        np.testing.assert_array_equal(labels[:count], [label for _, label, _ in expected])
+        np.testing.assert_array_equal(kept_boxes[:count], [box for _, _, box in expected])
+    assert counts[0] == 40 and 0 < counts[1] < 40, counts
+
+
 def test_a_box_above_the_threshold_for_two_classes_is_kept_for_each_per_class_once_class_agnostic():
     boxes = np.array([[[10, 10, 30, 30], [50, 50, 70, 70]]], np.float32)
     scores = np.array([[[0.9, 0.8, 0.1], [0.1, 0.2, 0.7]]], np.float32)
@@ -114,7 +145,8 @@ def test_the_settings_survive_the_layers_config_and_an_older_config_is_class_agn
     assert TensorFlowNonMaxSuppression.from_config(older).class_agnostic is True
 
 
-def test_a_per_class_detector_converts_to_tflite_with_builtin_ops_and_detects_what_keras_detects(tmp_path):
+@pytest.mark.parametrize("class_agnostic", [False, True], ids=["per class", "class-agnostic"])
+def test_a_detector_converts_to_tflite_with_builtin_ops_and_detects_what_keras_detects(class_agnostic, tmp_path):
     """The smallest detector (resnet_tiny, 64 px, levels 3-5: 756 anchors, 3 classes), exported
     and converted as ``detsweep export --format tflite`` does. Its heads start small (logits
     within +-0.5, scores apart by 3e-4 at least, far above the two runtimes' float noise), and
@@ -126,7 +158,7 @@ def test_a_per_class_detector_converts_to_tflite_with_builtin_ops_and_detects_wh
     from detsweep.models import build_model
 
     config = ModelConfig(image_size=64, max_level=5, head_kernel_stddev=0.02, class_prediction_bias_init=0.0,
-                         score_threshold=0.5, max_detections=12, use_class_agnostic_nms=False,
+                         score_threshold=0.5, max_detections=12, use_class_agnostic_nms=class_agnostic,
                          max_detections_per_class=5)
     tf.keras.utils.set_random_seed(1)
     model, _ = build_model(config, num_classes=3)
@@ -136,7 +168,8 @@ def test_a_per_class_detector_converts_to_tflite_with_builtin_ops_and_detects_wh
     image = np.random.default_rng(0).integers(0, 256, (1, 48, 64, 3), dtype=np.uint8)
     found, expected = runner(images=image), detect_pictures(model, tf.constant(image), module.spec, [1, 2, 3])
     count = int(expected["num_detections"][0])
-    # 5 of each class, the best 12 of those 15
-    assert int(found["num_detections"][0]) == count == 12 and set(expected["detection_classes"][0].numpy()) == {1, 2, 3}
+    # per class, 5 of each, the best 12 of those 15; class-agnostic, the best 12 of them all
+    assert int(found["num_detections"][0]) == count == 12
+    assert class_agnostic or set(expected["detection_classes"][0].numpy()) == {1, 2, 3}
     for key, atol in (("detection_classes", 0), ("detection_scores", 1e-5), ("detection_boxes", 1e-5)):
         np.testing.assert_allclose(found[key][0, :count], expected[key][0, :count], atol=atol, err_msg=key)

@@ -133,17 +133,27 @@ class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
         scores = ops.sigmoid(class_prediction) if self.from_logits else class_prediction
         if not self.class_agnostic:
             return self._per_class(box_prediction, scores)
-        confidence = ops.max(scores, axis=-1)
-        kept, count = tf.image.non_max_suppression_padded(
-            box_prediction, confidence, self.max_detections, iou_threshold=self.iou_threshold,
-            score_threshold=self.confidence_threshold, pad_to_max_output_size=True, canonicalized_coordinates=True)
+        confidence, order = self._best_above_threshold(ops.max(scores, axis=-1))
+        position, count = tf.image.non_max_suppression_padded(
+            tf.gather(box_prediction, order, batch_dims=1), confidence, self.max_detections,
+            iou_threshold=self.iou_threshold, score_threshold=self.confidence_threshold, pad_to_max_output_size=True,
+            sorted_input=True, canonicalized_coordinates=True)
+        kept = tf.gather(order, position, batch_dims=1)
         valid = tf.range(self.max_detections)[None, :] < count[:, None]
         return {
             "boxes": tf.where(valid[..., None], tf.gather(box_prediction, kept, batch_dims=1), -1.0),
-            "confidence": tf.where(valid, tf.gather(confidence, kept, batch_dims=1), -1.0),
+            "confidence": tf.where(valid, tf.gather(confidence, position, batch_dims=1), -1.0),
             "labels": tf.where(valid, tf.argmax(tf.gather(scores, kept, batch_dims=1), -1, output_type=tf.int32), -1),
             "num_detections": count,
         }
+
+    def _best_above_threshold(self, scores: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``scores`` ``[..., boxes]`` cut to as many boxes as any row has above the threshold, best
+        first, and their indices. A box at or below it is neither kept nor suppresses one, and the
+        suppression's time grows with the square of its boxes: seconds an image at 640 px when few
+        score above it, minutes per class."""
+        above = tf.reduce_sum(tf.cast(scores > self.confidence_threshold, tf.int32), axis=-1)
+        return tf.math.top_k(scores, tf.maximum(tf.reduce_max(above), 1))
 
     def _per_class(self, boxes: tf.Tensor, scores: tf.Tensor) -> dict[str, tf.Tensor]:
         """Every (image, class) pair suppressed at once, each over its own boxes by score; then
@@ -151,12 +161,7 @@ class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
         classes, num_boxes = scores.shape[-1], boxes.shape[1]
         # a class keeps at most all its boxes: fewer candidates to rank (a dynamic count: padding)
         per_class = self.max_detections_per_class if num_boxes is None else min(self.max_detections_per_class, num_boxes)
-        # A box at or below the threshold is neither kept nor suppresses one, and the suppression's
-        # time grows with the square of its boxes (minutes an image for 90 classes at 640 px when
-        # few score above it): each pair gets the most that any has above it, best first.
-        class_scores = tf.transpose(scores, [0, 2, 1])  # [batch, classes, boxes]
-        above = tf.reduce_sum(tf.cast(class_scores > self.confidence_threshold, tf.int32), axis=-1)
-        class_scores, order = tf.math.top_k(class_scores, tf.maximum(tf.reduce_max(above), 1))
+        class_scores, order = self._best_above_threshold(tf.transpose(scores, [0, 2, 1]))  # [batch, classes, boxes]
         position, count = tf.image.non_max_suppression_padded(
             tf.gather(boxes, order, batch_dims=1), class_scores, per_class, iou_threshold=self.iou_threshold,
             score_threshold=self.confidence_threshold, pad_to_max_output_size=True, sorted_input=True,

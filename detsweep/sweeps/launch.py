@@ -45,10 +45,8 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
     data's bucket URIs are checked, and its folders left to the nodes (a note names them)."""
     from detsweep.data.remote import check_locations
 
-    notes = [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}"
-             for where in check_preset(sweep, local=on_a_node)]
-    notes += preset_note(sweep, local=on_a_node)
-    try:
+    notes = []
+    try:  # the cheap checks first: a preset's needs keras-hub, and TensorFlow with it
         check_fits(sweep, capacity)
     except DetsweepError as error:
         if strict:
@@ -64,6 +62,9 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
             notes.append(f"not on this machine; the cluster must have it: {str(error).split(': ', 1)[1]}")
             continue
         notes += [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}" for where in unchecked]
+    notes += [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}"
+              for where in check_preset(sweep, local=on_a_node)]
+    notes += preset_note(sweep, local=on_a_node)
     base = sweep.base.model_dump(mode="json")
     space = sweep.search.space
     grid = grid_of(sweep)
