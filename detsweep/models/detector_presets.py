@@ -134,14 +134,15 @@ def preset_model_config(config: ModelConfig, field: str = "model.weights") -> Mo
                             f"section cannot hold ({where}{first['msg']})") from None
 
 
-def preset_overrides(config: ModelConfig) -> str | None:
+def preset_overrides(config: ModelConfig, replaced: ModelConfig | None = None) -> str | None:
     """The one line a trial says when a whole-detector preset replaces model fields the user set
     with other values (each as ``field user's → preset's``), or rounded the preset's image size;
-    None otherwise. Give it the user's config, not :func:`preset_model_config`'s."""
+    None otherwise. Give it the user's config, not :func:`preset_model_config`'s, which a caller
+    that has it already passes as ``replaced``."""
     if not is_detector_preset(config.weights):
         return None
     found = preset_architecture(config.weights)
-    replaced = preset_model_config(config)
+    replaced = replaced or preset_model_config(config)
     changes = []
     for name in ARCHITECTURE:
         mine, theirs = getattr(config, name), getattr(replaced, name)

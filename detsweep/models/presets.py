@@ -209,5 +209,4 @@ def architecture_note(config: TrialConfig, field: str = "model.weights", local: 
 
 
 def _read_note(config: TrialConfig, field: str) -> str | None:
-    preset_trial_config(config, field)
-    return preset_overrides(config.model)
+    return preset_overrides(config.model, preset_trial_config(config, field).model)
