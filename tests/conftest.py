@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,26 @@ def pytest_configure(config: pytest.Config) -> None:
     _user_home.update({name: os.environ.get(name) for name in _HOME_FOLDERS})
     for name, folder in _HOME_FOLDERS.items():
         os.environ[name] = str(home / folder)
+    os.putenv = _not_while_ray_is_connected(os.putenv)
+
+
+def _not_while_ray_is_connected(putenv: Callable) -> Callable:
+    """``putenv`` (which ``os.environ`` calls on each write), refused for a variable the
+    environment does not hold yet while this process's Ray driver is connected, unless Ray
+    itself writes it: glibc's ``setenv`` then grows the array, and frees the one that the
+    driver's threads may be reading with ``getenv`` at that moment (a SIGSEGV in Ray's metrics
+    thread, seen once in a full suite). Replacing a value, or removing one, frees nothing. So
+    a test sets what it needs before ``ray.init``, and no driver stays connected from one test
+    to the next (pytest adds ``PYTEST_CURRENT_TEST`` as each test starts)."""
+
+    def guarded(name: bytes | str, value: bytes | str) -> None:
+        connected = getattr(sys.modules.get("ray"), "is_initialized", lambda: False)
+        if (os.fsdecode(name) not in os.environ and connected()
+                and not any(f"{os.sep}ray{os.sep}" in frame.filename for frame in traceback.extract_stack())):
+            raise AssertionError(f"{os.fsdecode(name)} added to os.environ while this process's Ray driver is connected")
+        putenv(name, value)
+
+    return guarded
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -224,6 +245,37 @@ def own_tracking_uri(monkeypatch):
     """``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI`` in ``os.environ``, where
     every later ``detsweep`` subprocess would inherit it: each test starts without one."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+@pytest.fixture(scope="module")
+def local_cluster() -> Iterator[str]:
+    """A local Ray cluster of a test module's own (2 CPUs, its processes only); its address."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture
+def ray_driver(local_cluster: str) -> Iterator[None]:
+    """This process connected to the module's cluster for one test (never from one test to
+    the next: ``_not_while_ray_is_connected``)."""
+    with connected_to(local_cluster):
+        yield
+
+
+@contextlib.contextmanager
+def connected_to(address: str) -> Iterator[None]:
+    import ray
+
+    ray.init(address=address, logging_level="ERROR")
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 # Every kind of line detsweep itself prints on the console while it trains or sweeps.

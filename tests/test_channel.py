@@ -213,17 +213,12 @@ def test_detsweep_train_says_when_ray_train_restarts_its_workers_and_why(capsys)
                                        "the last checkpoint while scaling.max_failures allows)\n")
 
 
-@pytest.fixture(scope="module")
-def ray_queue():
+@pytest.fixture
+def ray_queue(ray_driver):
     """A real Ray queue on a small local cluster of this test module's own."""
-    import ray
     from ray.util.queue import Queue
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
-    try:
-        yield lambda: Queue(actor_options={"num_cpus": 0})
-    finally:
-        ray.shutdown()
+    return lambda: Queue(actor_options={"num_cpus": 0})
 
 
 def test_the_sender_delivers_in_order_and_flush_returns_once_all_is_on_the_queue(ray_queue):

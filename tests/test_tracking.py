@@ -433,15 +433,20 @@ def test_the_champion_alias_moves_only_to_a_version_that_scored_better(tmp_path)
     assert str(client.get_model_version_by_alias("sweep", CHAMPION).version) == "7"
 
 
-def test_trials_get_the_telemetry_choice_through_the_job_and_no_credential(monkeypatch):
+def test_trials_get_the_telemetry_choice_and_the_writers_settings_through_the_job_and_no_credential(monkeypatch):
     """A job's environment is shown by Ray's State API: the credentials stay out of it (each
-    node's raylet holds them, as the next test's runner gives them)."""
+    node's raylet holds them, as the next test's runner gives them). The writer's settings are
+    in it, so that no trial process adds a variable once Ray's threads run; a user's own wins."""
     from detsweep.tracking.backend import trial_environment
 
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     for name, value in {"MLFLOW_TRACKING_USERNAME": "ann", "MLFLOW_TRACKING_PASSWORD": "s3cret", "DO_NOT_TRACK": "true",
                         "MLFLOW_DISABLE_TELEMETRY": "true", "AWS_SECRET_ACCESS_KEY": "not for trials"}.items():
         monkeypatch.setenv(name, value)
-    assert trial_environment() == {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    assert trial_environment() == {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true",
+                                   "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    assert trial_environment()["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3"
 
 
 def test_a_raylet_started_through_the_credentials_runner_holds_detsweeps_user_in_its_environment(tmp_path):

@@ -61,15 +61,18 @@ class TwoNodes:
             self._cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
         self._cluster.wait_for_nodes()
         self.session = Path(self._cluster.head_node.get_session_dir_path())
+        # Connected only to read the nodes: the tests change this process's environment, and
+        # glibc's setenv frees the array a connected driver's threads read with getenv (a
+        # SIGSEGV in Ray's metrics thread, seen once in a full suite).
         ray.init(address=self._cluster.address)
+        try:
+            self.nodes: set[str] = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        finally:
+            ray.shutdown()
         self.address, self.dashboard = self._cluster.address, f"http://127.0.0.1:{dashboard_port}"
-        self.nodes: set[str] = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
         assert len(self.nodes) == 2
 
     def stop(self) -> None:
-        import ray
-
-        ray.shutdown()
         self._cluster.shutdown()
 
 
@@ -184,7 +187,7 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
         monkeypatch.setenv(name, value)
     # The cluster named by RAY_ADDRESS (as a job on the head finds it), and the telemetry choice
     # made where it launches: both reach every trial, on either node.
-    seen = watch_train_worker_nodes()
+    seen = watch_train_worker_nodes(cluster.dashboard)
     result, report = launch_json(str(sweep), cwd=tmp_path,
                                  env={**right, "RAY_ADDRESS": cluster.address, "DO_NOT_TRACK": "true"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -193,6 +196,8 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
     assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes of this cluster
     assert {kind for kind, _ in seen.do_not_track} == {"ImplicitFunc", "RayTrainWorker"}, seen.do_not_track
     assert set(seen.do_not_track.values()) == {"true"}, seen.do_not_track
+    # the writer's settings too, from each process's start: none adds a variable while Ray's threads run
+    assert set(seen.max_retries.values()) == {"0"}, seen.max_retries
     assert report["mlflow"]["tracking_uri"] == uri
     check_mlflow_runs(report, num_steps=10, every=2)  # logged from both nodes, the best model registered
     for secret_value in secret_values(secret):
@@ -334,7 +339,7 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
     mutations:
       optimizer.moving_average_decay: {{values: [0.99, 0.995, 0.999]}}
 """, num_steps=30, every=10, name="by_job", storage=f"s3://{bucket}/ray", data=f"{{train: {dataset}, val: {dataset}}}")
-    seen = watch_train_worker_nodes()
+    seen = watch_train_worker_nodes(cluster.dashboard)
     job_db, cache = f"sqlite:///{tmp_path / 'job.db'}", tmp_path / "node-cache"
     job = run_bounded(
         [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", cluster.dashboard,
@@ -417,14 +422,17 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
 
 class watch_train_worker_nodes:
     """Polls Ray's state API in the background for the nodes that run Ray Train workers, and
-    reads ``DO_NOT_TRACK`` (MLflow's telemetry off) in the environment of each trial's processes
-    (Tune's trial actor, its Ray Train workers): ``do_not_track``, by class name and pid."""
+    reads ``DO_NOT_TRACK`` (MLflow's telemetry off) and MLflow's retries in the environment each
+    trial's process started with (Tune's trial actor, its Ray Train workers): ``do_not_track``
+    and ``max_retries``, by class name and pid."""
 
     TRIAL_PROCESSES = ("ImplicitFunc", "RayTrainWorker")  # Tune names a function trainable's class so
 
-    def __init__(self):
+    def __init__(self, dashboard: str):
+        self.dashboard = dashboard
         self.nodes: set[str] = set()
         self.do_not_track: dict[tuple[str, int], str | None] = {}
+        self.max_retries: dict[tuple[str, int], str | None] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -434,7 +442,7 @@ class watch_train_worker_nodes:
 
         while not self._done.is_set():
             try:
-                actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
+                actors = list_actors(address=self.dashboard, filters=[("state", "=", "ALIVE")], limit=10_000)
             except Exception:  # the state API can be briefly unavailable; the next poll will do
                 actors = []
             for actor in actors:
@@ -442,7 +450,9 @@ class watch_train_worker_nodes:
                     self.nodes.add(actor.node_id)
                 if actor.class_name in self.TRIAL_PROCESSES and (actor.class_name, actor.pid) not in self.do_not_track:
                     with contextlib.suppress(OSError):  # it ended since
-                        self.do_not_track[actor.class_name, actor.pid] = environment_of(actor.pid).get("DO_NOT_TRACK")
+                        started_with = environment_of(actor.pid)  # as the process started: no later write shows
+                        self.do_not_track[actor.class_name, actor.pid] = started_with.get("DO_NOT_TRACK")
+                        self.max_retries[actor.class_name, actor.pid] = started_with.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
             self._done.wait(1.0)
 
     def stop(self) -> set[str]:

@@ -120,9 +120,18 @@ def ui_command_line(backend: Backend, port: int) -> list[str]:
 NO_TELEMETRY = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
 
 
+# One retry policy for a trial's writes, its writer's, with a deadline: MLflow's own HTTP
+# retries would hold a call for minutes in a back-off of their own. Unless the user set it.
+WRITER_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+
+
 def trial_environment() -> dict[str, str]:
-    """What a trial process on any node takes from this one: the telemetry choice, if set. Not
-    the server's credentials: a job's environment is shown by Ray's State API and dashboard, so
-    each node's raylet holds them (``python -m detsweep.tracking.credentials``) and its workers
-    inherit them; a local cluster's raylet is this process's child and inherits them too."""
-    return {name: os.environ[name] for name in NO_TELEMETRY if os.environ.get(name)}
+    """What a trial process on any node takes from this one: the telemetry choice, if set, and
+    the writer's settings. They are in its environment as it starts: a variable added later,
+    while Ray's threads read theirs, can crash the process (glibc's ``setenv`` frees the array
+    ``getenv`` reads). Not the server's credentials: a job's environment is shown by Ray's
+    State API and dashboard, so each node's raylet holds them (``python -m
+    detsweep.tracking.credentials``) and its workers inherit them; a local cluster's raylet is
+    this process's child and inherits them too."""
+    return ({name: os.environ[name] for name in NO_TELEMETRY if os.environ.get(name)}
+            | {name: os.environ.get(name, value) for name, value in WRITER_SETTINGS.items()})
