@@ -46,20 +46,23 @@ class FineTuneRequest:
 
 def finetune(request: FineTuneRequest, address: str | None = None, storage_path: str | None = None) -> dict[str, Any]:
     """Fine-tune once, with progress lines on the console; returns the ``detsweep finetune --json`` object."""
-    from detsweep.cluster import connect
-    from detsweep.tracking import trial_environment
-    from detsweep.trainables.trainer import check_inputs
-    from detsweep.trainables.trial import train_and_log
-
     backend = backend_for(request)
     with stderr_held_back():  # an error below is one line, not TensorFlow's start-up or a progress bar
         source = resolve_source(request.source, backend)
         config = fine_tune_config(request, source, backend)
+        # Ray Train (a second to import) loads only once the source and config above passed
+        from detsweep.trainables.trainer import check_inputs
+
         summaries, plan = check_inputs(config, request.config_path or request.source)
+    from detsweep.cluster import connect
+    from detsweep.tracking.backend import trial_environment, use_writer_settings
+    from detsweep.trainables.trial import train_and_log
+
     for line in summaries:
         print(line, file=console.err())
     name = f"finetune-{time.strftime('%Y%m%d-%H%M%S')}"
     console.keep_log_in(run_folder(storage_path, name), "finetune.log")
+    use_writer_settings()  # its run logs as a trial's does; set before Ray's threads run
     connect(address, env=trial_environment())
     run = open_finetune_run(config, source, backend, name, plan)
     print(f"MLflow: fine-tune run {name} at {backend.uri}", file=console.err(), flush=True)
@@ -79,12 +82,13 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
 def finetune_sweep(request: FineTuneRequest, sweep_path: str, address: str | None = None,
                    register: bool = True) -> dict[str, Any]:
     """A sweep whose every trial starts from the source checkpoint (its base gets ``train.fine_tune``)."""
-    from detsweep.sweeps.launch import launch
     from detsweep.sweeps.spec import load_sweep
 
     backend = resolve_backend(load_sweep(sweep_path, request.overrides).base.tracking)
     with stderr_held_back():
         source = resolve_source(request.source, backend)
+    from detsweep.sweeps.launch import launch  # Ray's import: only for a source that exists
+
     section = request.fine_tune_section(source)
     pinned = [f"base.train.fine_tune.{key}={value}" for key, value in section.items()] + [f"base.tracking.uri={backend.uri}"]
     sweep = load_sweep(sweep_path, [*request.overrides, *pinned])

@@ -125,6 +125,13 @@ NO_TELEMETRY = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
 WRITER_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 
 
+def use_writer_settings() -> None:
+    """This process's MLflow calls under the writer's settings, unless the user set them. A
+    process that connects to Ray calls this before it does (see trial_environment)."""
+    for name, value in WRITER_SETTINGS.items():
+        os.environ.setdefault(name, value)
+
+
 def trial_environment() -> dict[str, str]:
     """What a trial process on any node takes from this one: the telemetry choice, if set, and
     the writer's settings. They are in its environment as it starts: a variable added later,

@@ -32,7 +32,7 @@ from detsweep.config import TrialConfig
 from detsweep.evaluation.pictures import PICTURE_KEY, SCHEDULE_PICTURE_KEY
 from detsweep.startup import once_per_start
 
-from .backend import WRITER_SETTINGS
+from .backend import use_writer_settings
 from .checkpoint_models import keep_best_and_latest, log_checkpoint
 from .datasets import dataset_inputs
 from .writer import RetryingWriter
@@ -92,10 +92,7 @@ class TrialRun:
         """``tags``: for a new run, beyond the ones every trial's run has (a fine-tune's source)."""
         from mlflow import MlflowClient
 
-        # The writer's settings: a trial's process has them from its start (trial_environment),
-        # and then this writes nothing.
-        for name, value in WRITER_SETTINGS.items():
-            os.environ.setdefault(name, value)
+        use_writer_settings()  # a trial's process has them from its start: then this writes nothing
         self.client = MlflowClient(link.uri)
         self.link, self.trial_id, self.trial_name, self.config = link, trial_id, trial_name, config
         self.metric, self.mode = metric, mode
