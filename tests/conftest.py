@@ -79,13 +79,32 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item) -> None:
-    """The running test's deadline, counted as pytest-timeout counts it: set-up included."""
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item):
+    """The running test's deadline, counted as pytest-timeout counts it: set-up included.
+    With ``DETSWEEP_TEST_LOAD=FILE``, a line per test in FILE: its wall time, the CPU the whole
+    machine spent meanwhile, and the children of this process that tests before it left (a file
+    run alone is often faster than in the suite: this says where the difference went)."""
     global _deadline
     marker = item.get_closest_marker("timeout")
     limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
     _deadline = time.monotonic() + limit - MARGIN_S if limit else math.inf
+    out = os.environ.get("DETSWEEP_TEST_LOAD")
+    if not out:
+        yield
+        return
+    import json
+
+    import psutil
+
+    busy = sum(psutil.cpu_times()[:3])  # user, nice, system: every core's
+    start = time.monotonic()
+    left = [" ".join(process.info["cmdline"] or ())[:100] for process in psutil.process_iter(["cmdline", "ppid"])
+            if process.pid != os.getpid() and process.info["ppid"] == os.getpid()]
+    yield
+    with open(out, "a") as lines:
+        print(json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - start, 1),
+                          "cpu_s": round(sum(psutil.cpu_times()[:3]) - busy, 1), "children_before": left}), file=lines)
 
 
 def time_left(timeout: float | None = None) -> float | None:
