@@ -13,7 +13,8 @@ run's end. It submits its next write as soon as the stack took the last one (one
 flight per actor), so the latency is the stack's, retries included, never a queue's. Each
 actor runs its share of the trials one after another. Afterwards every run is read back.
 
-``--smoke``: 4 trials of 6 steps, 1 MB checkpoints. ``tracking_stack`` is the one place that
+``--smoke``: 4 trials of 6 steps, 1 MB checkpoints, the server's two web workers
+(``tracking_server.smoke_servers``). ``tracking_stack`` is the one place that
 knows how the stack is started (``detsweep.tracking.server``'s API).
 """
 
@@ -39,7 +40,7 @@ from detsweep.tracking.backend import CERT_PATH
 from detsweep.tracking.writer import RetryingWriter
 
 from .common import Entry, Target, arguments, free_port, record
-from .tracking_server import stop_tree
+from .tracking_server import smoke_servers, stop_tree
 
 PARAMS, METRICS, CHECKPOINTS, RESTARTS = 80, 10, 3, 2
 USER = {"MLFLOW_TRACKING_USERNAME": "detsweep", "MLFLOW_TRACKING_PASSWORD": "Bench-pass-for-detsweep"}
@@ -311,6 +312,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-mb", type=int, default=20)
     args = parser.parse_args()
     shape = Shape(4, 6, 1) if args.smoke else Shape(args.trials, 60, args.checkpoint_mb)
+    if args.smoke:
+        smoke_servers()
     actors = min(args.actors, shape.trials)
     ran, checked, wall = load(shape, actors)
     latencies = [latency for result in ran["results"] for latency in result["latencies"]]
