@@ -143,7 +143,7 @@ def test_the_time_budget_stops_what_still_runs_its_run_ends_killed_and_a_termina
     stopped by Tune, ``STOPPED`` in the report, and its MLflow run ends ``KILLED``."""
     from mlflow import MlflowClient
 
-    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n  time_budget_s: 50\n",
+    sweep = tiny_sweep(tmp_path, "  num_samples: 1\n  metric: train/loss\n  mode: min\n  time_budget_s: 35\n",
                        num_steps=2000, every=10)
     # run as a person at a terminal would, the report into a file: the progress on the terminal is live
     result, drawn = run_on_terminal([sys.executable, "-m", "detsweep.cli", "launch", str(sweep), "--no-register",
