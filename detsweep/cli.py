@@ -246,12 +246,19 @@ def format_ranking(report: dict[str, Any]) -> str:
     metric = report["metric"]
     lines = [f"experiment {report['experiment']} at {report['tracking_uri']}, ranked by {metric} ({report['mode']})",
              f"{'run':<34} {'trial':<14} {'status':<9} {metric:>14}  swept values"]
-    for trial in report["trials"]:
+    for rank, trial in enumerate(report["trials"]):
         value = f"{trial['value']:.4g}" if trial["value"] is not None else "-"
         swept = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial["swept"].items())
         lines.append(f"{trial['run_id']:<34} {trial['trial_id'] or '-':<14} {trial['status']:<9} {value:>14}  {swept}")
         lines.append(f"{'':<34} checkpoint: {trial['checkpoint'] or 'none'}")
+        if rank == 0 and trial.get("environment"):  # the best trial's; a run older than the tags has none
+            lines.append(f"{'':<34} ran on: {ran_on(trial['environment'])}")
     return "\n".join(lines)
+
+
+def ran_on(environment: dict[str, str]) -> str:
+    """``python 3.11.7, ray 2.60.0, …, lock 1a2b…``: what a trial's results were computed with."""
+    return ", ".join(f"{name} {value}" for name, value in environment.items())
 
 
 def finetune_command(args: argparse.Namespace) -> int:

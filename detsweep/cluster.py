@@ -9,6 +9,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from detsweep.adapters.ray import train_environment
 from detsweep.errors import DetsweepError
 
 # TensorFlow's CPU kernels allocate and free large buffers at every step; glibc's malloc hands
@@ -112,15 +113,13 @@ def address_own_cluster() -> None:
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
-POLL_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # seconds between Ray Train's polls of its workers
-
-
 def connect(address: str | None = None, env: dict[str, str] | None = None, *, cluster_logs: bool = True) -> None:
     """``ray.init`` once per process: ``address`` of a running cluster (``auto``: the one
     ``ray start`` started on this machine), else ``RAY_ADDRESS``, else a new local cluster of its
-    own; ``env`` is added to every Ray worker's environment (MLflow credentials). Without
-    ``cluster_logs`` the cluster's own processes (raylets, workers) print nothing here: for a
-    caller that only asks the cluster questions and answers in one line."""
+    own; ``env`` is added to every Ray worker's environment (MLflow credentials), with Ray
+    Train's settings (:func:`detsweep.adapters.ray.train_environment`). Without ``cluster_logs``
+    the cluster's own processes (raylets, workers) print nothing here: for a caller that only
+    asks the cluster questions and answers in one line."""
     import ray
 
     if ray.is_initialized():
@@ -129,22 +128,8 @@ def connect(address: str | None = None, env: dict[str, str] | None = None, *, cl
     # Without an address ray.init joins the cluster `ray start` last started on this machine,
     # if one runs: a sweep meant for this machine alone would land on someone else's cluster.
     address = address or os.environ.get("RAY_ADDRESS") or "local"
-    # A trial stopped by a scheduler frees its Ray Train workers a little after it ends; the
-    # next trial's workers wait for them instead of failing after Ray Train's default 60 s.
-    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1800"),
-           # Ray Train routes every print in a worker through its logger, past redirect_stdout:
-           # pycocotools' progress would fill the console at every evaluation.
-           "RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH", "0"),
-           # Ray Train's controller takes each worker's milestone report (an evaluation, a
-           # checkpoint) when it polls, and a worker whose last one is still waiting blocks at its
-           # next: a fast GPU that evaluates often would wait for Ray's 2 s poll, and a trial's end
-           # is seen a poll later. A poll costs the controller one small call per worker.
-           POLL_INTERVAL: os.environ.get(POLL_INTERVAL, "0.5"),
-           **fast_allocator(), **(env or {})}
-    runtime_env: dict = {"env_vars": env}
+    runtime_env: dict = {"env_vars": {**train_environment(local=address == "local"), **fast_allocator(), **(env or {})}}
     if address == "local":
-        # Nothing to preempt on one machine: one process less per trial start.
-        env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"))
         # Other clusters may run on this machine: each worker asks its own (address_own_cluster).
         runtime_env["worker_process_setup_hook"] = f"{__name__}.{address_own_cluster.__name__}"
     try:

@@ -18,13 +18,16 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from .conftest import run_cli
+from .conftest import REPO, run_cli
 from .mlflow_checks import free_port
 from .tiny_sweeps import launch_json, tiny_sweep
 
 AP_NOISE = 0.01
 T = TypeVar("T")
 CLASS_LOGITS = {"classification_head/logits_layer/kernel", "classification_head/logits_layer/bias"}
+LIBRARIES = ("ray", "tensorflow", "keras", "keras-hub", "mlflow", "optuna")
+ENVIRONMENT_TAGS = {"python": "detsweep.python"} | {name: f"detsweep.version.{name}" for name in LIBRARIES} | {
+    "lock": "detsweep.lock"}  # as `detsweep best` names them, in its order
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +72,16 @@ def trainable_weights(checkpoint: Path, use_average: bool = False) -> dict[str, 
     return {w.path: w.numpy() for w in trained.model.trainable_weights}
 
 
+def this_process_environment() -> dict[str, str]:
+    """What this process runs on, read here: the sweep's driver and trials run from this checkout and venv."""
+    import hashlib
+    import platform
+    from importlib.metadata import version
+
+    return {"python": platform.python_version()} | {name: version(name) for name in LIBRARIES} | {
+        "lock": hashlib.sha256((REPO / "uv.lock").read_bytes()).hexdigest()[:16]}
+
+
 def best_in_mlflow(report: dict) -> str:
     """The best trial's best READY checkpoint in MLflow, as ``models:/<model_id>``."""
     from mlflow import MlflowClient
@@ -103,8 +116,19 @@ def test_best_ranks_the_trials_from_mlflow_alone(swept):
     assert trial["swept"] == {"optimizer.learning_rate.learning_rate_base": 0.04}
     assert trial["checkpoint"] == best_in_mlflow(report) and trial["checkpoint_step"] == 150
     assert table.returncode == 0 and trial["run_id"] in table.stdout and f"checkpoint: {trial['checkpoint']}" in table.stdout
+    # what each run ran on, from its own process: the driver's and the trial's, both this checkout's
+    from mlflow import MlflowClient
+
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
+    here = this_process_environment()
+    for run_id in (report["mlflow"]["parent_run_id"], trial["run_id"]):
+        tags = client.get_run(run_id).data.tags
+        assert {name: tags.get(tag) for name, tag in ENVIRONMENT_TAGS.items()} == here, run_id
+    assert trial["environment"] == here
+    assert "ran on: " + ", ".join(f"{name} {value}" for name, value in here.items()) in table.stdout, table.stdout
 
 
+@pytest.mark.upgrade_check
 def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(swept, tmp_path):
     """The user story: the sweep's winner, trained on. Its optimizer state and step are kept,
     the schedule is stretched to the new end; the run is nested under the source's sweep."""
@@ -136,6 +160,7 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     assert run.info.status == "FINISHED" and run.data.tags["detsweep.role"] == "finetune"
     assert run.data.tags["mlflow.parentRunId"] == report["mlflow"]["parent_run_id"]  # nested under the source's sweep
     assert run.data.tags["detsweep.source_run_id"] == report["best"]["mlflow_run_id"]
+    assert {name: run.data.tags.get(tag) for name, tag in ENVIRONMENT_TAGS.items()} == this_process_environment()
     assert run.data.params["train.fine_tune.checkpoint"] == out["source"]["checkpoint"]
     assert run.data.params["train.fine_tune.keep_optimizer_state"] == "true"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [160]

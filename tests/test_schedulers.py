@@ -322,61 +322,6 @@ def test_a_replay_reports_where_the_sweep_evaluates_not_at_every_recorded_step(w
     assert (run["trials"], run["steps"], run["reported_twice"]) == (2, 60, 0), run
 
 
-def test_a_trial_started_again_keeps_the_result_rows_it_reported_since_tunes_last_copy_to_storage(ray_driver, tmp_path):
-    """Tune's result files (``result.json``, ``progress.csv``) are staged on the driver and
-    copied to storage now and then. A trial with a checkpoint that starts again in the same
-    driver (after a pause, an exploit) keeps the staged rows, not storage's older copy; in a
-    new driver (``resume``) the stored rows are all there are, and they are copied back."""
-    import csv
-    import shutil
-
-    from ray.train._internal.session import _TrainingResult
-    from ray.train._internal.storage import StorageContext
-    from ray.tune.experiment import Trial
-
-    from detsweep.sweeps.trial_files import result_files
-
-    storage = StorageContext(str(tmp_path / "stored"), "sweep", trial_dir_name="trial_a")
-    trial = Trial("__fake", stub=True, storage=storage, trial_id="a", config={})
-    trial.relative_logdir = trial.storage.trial_dir_name  # as a sweep's trial_dirname_creator names it
-
-    def start(callbacks: list, trial: Trial) -> list:
-        trial.init_local_path()  # as Tune does before it starts a trial
-        for callback in callbacks:
-            callback.log_trial_start(trial)
-        return callbacks
-
-    def report(callbacks: list, trial: Trial, step: int) -> None:
-        for callback in callbacks:
-            callback.log_trial_result(step // 10, trial, {"step": step, "train/loss": 1 / step})
-
-    def steps_in(folder: Path) -> tuple[list[int], list[int]]:
-        with open(folder / "progress.csv") as progress:
-            return ([json.loads(line)["step"] for line in (folder / "result.json").read_text().splitlines()],
-                    [int(row["step"]) for row in csv.DictReader(progress)])
-
-    driver = start(result_files(), trial)
-    staged, stored = Path(trial.local_path), Path(trial.storage.trial_fs_path)
-    report(driver, trial, 10)
-    checkpoint = tmp_path / "checkpoint"
-    checkpoint.mkdir()
-    trial.on_checkpoint(_TrainingResult(checkpoint=tune.Checkpoint.from_directory(checkpoint), metrics={"step": 10}))
-    shutil.copytree(staged, stored)  # Tune's copy to storage, between two reports
-    report(driver, trial, 20)
-    start(driver, trial)  # the trial goes on from its checkpoint
-    report(driver, trial, 30)
-    assert steps_in(staged) == ([10, 20, 30], [10, 20, 30])
-
-    shutil.copytree(staged, stored, dirs_exist_ok=True)
-    shutil.rmtree(staged)
-    restored = Trial("__fake", stub=True, storage=storage, trial_id="a", config={})  # a new driver's
-    restored.relative_logdir = trial.relative_logdir
-    restored.on_checkpoint(_TrainingResult(checkpoint=tune.Checkpoint.from_directory(checkpoint), metrics={"step": 30}))
-    assert Path(restored.local_path) == staged
-    report(start(result_files(), restored), restored, 40)
-    assert steps_in(staged) == ([10, 20, 30, 40], [10, 20, 30, 40])
-
-
 def test_a_hyperband_bracket_whose_only_trial_errored_takes_no_more_trials():
     """Tune ranks a bracket when its last live trial leaves it, here by erroring at its first
     report, and moves the bracket's rung on. A trial that joined it then would skip the first

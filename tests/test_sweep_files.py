@@ -408,9 +408,9 @@ def simple_commands(command: str) -> list[list[str]]:
 
 
 def test_a_gpu_worker_node_installs_tensorflows_cuda_libraries_and_fails_its_start_where_tensorflow_sees_no_gpu():
-    """The GPU node type's own setup, run here (this machine has no GPU): the install names the
-    installed TensorFlow's version with its CUDA libraries (pip echoing it), and the check exits
-    1 with one line saying what TensorFlow saw; a failing setup command fails the node."""
+    """The GPU node type's own setup, run here (this machine has no GPU): the install is the lock's
+    GPU view (this TensorFlow, its CUDA libraries), and the check exits 1 with one line saying what
+    TensorFlow saw; a failing setup command fails the node."""
     import os
     from importlib.metadata import version
     from pathlib import Path
@@ -419,9 +419,10 @@ def test_a_gpu_worker_node_installs_tensorflows_cuda_libraries_and_fails_its_sta
 
     node_type = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())["available_node_types"]["gpu_worker"]
     install, check = node_type["worker_setup_commands"]
+    assert install == "pip install --quiet --no-deps -r /home/ray/detsweep/cluster/requirements-gpu.txt"
+    pins = (REPO / "cluster" / "requirements-gpu.txt").read_text()
+    assert f"\ntensorflow=={version('tensorflow')} " in pins and "\nnvidia-cudnn-cu12==" in pins
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    echoed = run_bounded(["bash", "-c", install.replace("pip install", "echo", 1)], env=env, timeout=60)
-    assert echoed.stdout.split() == ["--quiet", f"tensorflow[and-cuda]=={version('tensorflow')}"], echoed.stderr
     checked = run_bounded(["bash", "-c", check], env=env, timeout=120, cwd=REPO)
     said = [line for line in checked.stderr.splitlines() if line.startswith("detsweep:")]
     assert checked.returncode == 1 and len(said) == 1, checked.stderr[-2000:]

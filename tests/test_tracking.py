@@ -344,6 +344,57 @@ def test_the_sweep_run_goes_to_the_named_experiment_tagged_with_its_version_and_
     assert {a.path for a in client.list_artifacts(first.parent_run_id)} == {"sweep.yaml", "base_config.yaml"}
 
 
+def test_a_runs_environment_tags_are_the_installed_versions_pythons_and_the_lock_files_hash(tmp_path, monkeypatch):
+    """What a run ran on, read from the packages' metadata and the checkout's ``uv.lock``; a
+    checkout copied without its lock file says ``none``, a library not installed has no tag."""
+    import hashlib
+    import platform
+    from importlib.metadata import version
+
+    from detsweep.tracking import provenance
+
+    libraries = ("ray", "tensorflow", "keras", "keras-hub", "mlflow", "optuna")
+    lock = hashlib.sha256((REPO / "uv.lock").read_bytes()).hexdigest()[:16]
+    provenance.run_environment_tags.cache_clear()
+    try:
+        assert provenance.run_environment_tags() == {f"detsweep.version.{name}": version(name) for name in libraries} | {
+            "detsweep.python": platform.python_version(), "detsweep.lock": lock}
+        with monkeypatch.context() as patched:
+            patched.setattr(provenance, "lock_file", lambda: tmp_path / "uv.lock")  # a copy without it
+            patched.setattr(provenance, "LIBRARIES", (*libraries, "detsweep-no-such-library"))
+            provenance.run_environment_tags.cache_clear()
+            tags = provenance.run_environment_tags()
+            assert tags["detsweep.lock"] == "none" and "detsweep.version.detsweep-no-such-library" not in tags
+            assert tags["detsweep.version.ray"] == version("ray")
+    finally:
+        provenance.run_environment_tags.cache_clear()  # the next caller reads the real lock file again
+
+
+def test_best_shows_what_the_best_trial_ran_on_under_it_and_nothing_for_a_run_older_than_the_tags():
+    from detsweep.cli import format_ranking
+    from detsweep.tracking.provenance import environment_of
+
+    tags = {"detsweep.version.ray": "2.60.0", "detsweep.lock": "1a2b", "detsweep.python": "3.11.7",
+            "detsweep.version.tensorflow": "2.21.0", "detsweep.role": "trial"}
+    ran_on = environment_of(tags)
+    assert ran_on == {"python": "3.11.7", "ray": "2.60.0", "tensorflow": "2.21.0", "lock": "1a2b"}
+    assert list(ran_on) == ["python", "ray", "tensorflow", "lock"] and environment_of({"detsweep.role": "trial"}) == {}
+
+    def trial(run_id: str, environment: dict[str, str]) -> dict:
+        return {"run_id": run_id, "trial_id": run_id, "status": "FINISHED", "value": 0.5, "swept": {},
+                "checkpoint": None, "environment": environment}
+
+    def shown(*trials: dict) -> list[str]:
+        report = {"experiment": "e", "tracking_uri": "u", "metric": "eval/AP_best", "mode": "max", "trials": list(trials)}
+        return format_ranking(report).splitlines()
+
+    lines = shown(trial("best", ran_on), trial("next", ran_on))
+    assert [line.strip() for line in lines if "ran on:" in line] == [
+        "ran on: python 3.11.7, ray 2.60.0, tensorflow 2.21.0, lock 1a2b"]
+    assert "ran on:" in lines[4] and lines[2].startswith("best")  # under the best trial, after its checkpoint
+    assert not [line for line in shown(trial("older", {}), trial("next", ran_on)) if "ran on:" in line]
+
+
 def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_the_driver(tmp_path):
     """ASHA ends a stopped trial's process at once, its MLflow writer with it: the driver
     uploads the checkpoint Tune kept for the trial when the sweep closes."""

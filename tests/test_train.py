@@ -214,6 +214,8 @@ def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_
     # each worker read its own half of the data (disjoint by construction: test_workers_read_disjoint_shards)
     shards = re.findall(r"RayTrainWorker pid=\d+\).* input pipeline (\d) of (\d): (\d+) of (\d+) training images", log.read_text())
     assert sorted(shards) == [("1", "2", "16", "32"), ("2", "2", "16", "32")], shards
+    # the workers log nothing below a warning: not Ray Train's line per report (a picture's base64 in it)
+    assert "Reporting training result" not in log.read_text()
     evaluated = run_cli("eval", "--checkpoint", outcome["checkpoint"], "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads(evaluated.stdout)
@@ -225,7 +227,7 @@ def test_ray_train_polls_its_workers_every_half_second_unless_the_user_sets_it()
     """A milestone's report and a trial's end wait for Ray Train's poll (README, *Reports: why
     two channels*): Ray Train's controller, an actor of the job ``connect`` starts, reads
     detsweep's 0.5 s. (A user's own value wins: the next test sets 10 s and counts on it.)"""
-    probe = ("import os, ray; from detsweep.cluster import POLL_INTERVAL, connect; connect(); "
+    probe = ("import os, ray; from detsweep.adapters.ray import POLL_INTERVAL; from detsweep.cluster import connect; connect(); "
              "print(ray.get(ray.remote(lambda: os.environ.get(POLL_INTERVAL)).remote()))")
     env = {name: value for name, value in os.environ.items() if name != "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"}
     result = run_bounded([sys.executable, "-c", probe], cwd=REPO, env=env)

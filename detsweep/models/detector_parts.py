@@ -8,8 +8,8 @@ import keras
 import keras_hub
 import tensorflow as tf
 from keras import ops
-from keras_hub.src.models.retinanet.retinanet_label_encoder import RetinaNetLabelEncoder  # not exported
 
+from detsweep.adapters.keras_hub import RetinaNetLabelEncoder
 from detsweep.config import ModelConfig
 
 

@@ -26,6 +26,8 @@ import keras_hub
 import numpy as np
 from pydantic import ValidationError
 
+from detsweep.adapters import keras_hub as hub
+from detsweep.adapters.keras import load_weights_except
 from detsweep.config import ModelConfig, TrialConfig
 from detsweep.config.loader import describe
 from detsweep.errors import DetsweepError
@@ -73,20 +75,16 @@ def names_a_detector_here(weights: str) -> bool:
 def saved_task_class(weights: str) -> type | None:
     """The class of the task saved with a folder's or handle's preset (its ``task.json``), as
     keras-hub reads it; None when only a backbone was saved."""
-    from keras_hub.src.utils import preset_utils
-
-    if not preset_utils.check_file_exists(weights, preset_utils.TASK_CONFIG_FILE):
+    if not hub.preset_has_file(weights, hub.TASK_CONFIG_FILE):
         return None
-    return preset_utils.check_config_class(preset_utils.load_json(weights, preset_utils.TASK_CONFIG_FILE))
+    return hub.config_class(hub.preset_json(weights, hub.TASK_CONFIG_FILE))
 
 
 def check_retinanet_preset(weights: str, field: str) -> None:
     """Refuse, in one line, a detector preset of another kind than RetinaNet (keras-hub's D-FINE):
     detsweep's heads, anchors and losses are RetinaNet's."""
-    from keras_hub.src.utils import preset_utils
-
     if weights in keras_hub.models.ObjectDetector.presets:
-        kinds = [cls for cls in preset_utils.list_subclasses(keras_hub.models.ObjectDetector) if weights in cls.presets]
+        kinds = [cls for cls in hub.subclasses(keras_hub.models.ObjectDetector) if weights in cls.presets]
     else:
         kinds = [saved_task_class(weights)]
     if not any(issubclass(kind, keras_hub.models.RetinaNetObjectDetector) for kind in kinds):
@@ -162,9 +160,7 @@ def preset_architecture(weights: str) -> dict[str, Any]:
     """The :data:`ARCHITECTURE` fields as a RetinaNet preset has them: from its ``task.json`` (keras-hub's
     defaults where an older preset left one out) and ``image_size`` from its image converter, else
     its fixed input; no ``image_size`` when it fixes neither."""
-    from keras_hub.src.utils import preset_utils
-
-    task = preset_utils.load_json(weights, preset_utils.TASK_CONFIG_FILE)["config"]
+    task = hub.preset_json(weights, hub.TASK_CONFIG_FILE)["config"]
     backbone = task["backbone"]["config"]
     anchors = task.get("anchor_generator", {}).get("config", {})
     # keras-hub's variance divides the center_xywh code; detsweep's box coder scales multiply y, x, h, w
@@ -198,9 +194,7 @@ def converter_resizer(converter: keras.layers.Layer) -> str | None:
 def check_box_code(weights: str, field: str) -> None:
     """Refuse, in one line, a preset whose label encoder codes boxes otherwise than keras-hub's
     RetinaNet decodes them (:data:`BOX_CODE`): its box head was trained to another code."""
-    from keras_hub.src.utils import preset_utils
-
-    task = preset_utils.load_json(weights, preset_utils.TASK_CONFIG_FILE)["config"]
+    task = hub.preset_json(weights, hub.TASK_CONFIG_FILE)["config"]
     code = task.get("label_encoder", {}).get("config", {}).get("encoding_format", BOX_CODE)
     if code != BOX_CODE:
         raise DetsweepError(f"{field}: found {weights!r}, a preset whose label encoder codes boxes as {code}; "
@@ -217,9 +211,7 @@ def fit_image_size(found: dict[str, Any]) -> dict[str, Any]:
 
 def preset_num_classes(weights: str) -> int:
     """How many classes the preset's class head predicts."""
-    from keras_hub.src.utils import preset_utils
-
-    return preset_utils.load_json(weights, preset_utils.TASK_CONFIG_FILE)["config"]["num_classes"]
+    return hub.preset_json(weights, hub.TASK_CONFIG_FILE)["config"]["num_classes"]
 
 
 def _same(mine: Any, theirs: Any) -> bool:
@@ -232,13 +224,10 @@ def _same(mine: Any, theirs: Any) -> bool:
 def preset_image_converter(weights: str) -> keras.layers.Layer | None:
     """The image converter a task preset was saved with, as keras-hub loads it (its
     ``preprocessor.json``, else ``image_converter.json``); None when it has neither."""
-    from keras_hub.src.utils import preset_utils
-
-    saved = (preset_utils.PREPROCESSOR_CONFIG_FILE, preset_utils.IMAGE_CONVERTER_CONFIG_FILE)
-    if not any(preset_utils.check_file_exists(weights, name) for name in saved):
+    saved = (hub.PREPROCESSOR_CONFIG_FILE, hub.IMAGE_CONVERTER_CONFIG_FILE)
+    if not any(hub.preset_has_file(weights, name) for name in saved):
         return None
-    loader = preset_utils.get_preset_loader(weights)
-    return loader.load_preprocessor(keras_hub.models.RetinaNetObjectDetectorPreprocessor).image_converter
+    return hub.saved_image_converter(weights, keras_hub.models.RetinaNetObjectDetectorPreprocessor)
 
 
 def preset_normalisation(weights: str) -> Normalisation | None:
@@ -288,10 +277,5 @@ def load_head_weights(detector: keras_hub.models.RetinaNetObjectDetector, weight
     """The preset's task weights (its heads) into ``detector``, the class head's only when
     ``class_head``: keras-hub's ``Task.load_task_weights``, which leaves out the backbone's
     layers, leaving out the class head's too."""
-    from keras_hub.src.utils import preset_utils
-
-    skipped = list(detector.backbone._flatten_layers())
-    if not class_head:
-        skipped += list(detector.classification_head._flatten_layers())
-    path = preset_utils.get_file(weights, preset_utils.TASK_WEIGHTS_FILE)
-    keras.saving.load_weights(detector, path, objects_to_skip=skipped)
+    kept = [detector.backbone] if class_head else [detector.backbone, detector.classification_head]
+    load_weights_except(detector, hub.preset_file(weights, hub.TASK_WEIGHTS_FILE), kept)

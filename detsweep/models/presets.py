@@ -5,7 +5,7 @@ API's ``classification`` checkpoint) or a whole RetinaNet's (its ``detection`` c
 Asked once, on the driver, before Ray or MLflow start: the workers load the preset with
 keras-hub's ``from_preset``, and a preset it cannot load, or one of another kind, would
 otherwise be found only there, after the cluster started. A preset is read as keras-hub reads
-it (``keras_hub/src/utils/preset_utils.py``): a folder is one when keras-hub's loader
+it (its loader, through :mod:`detsweep.adapters.keras_hub`): a folder is one when the loader
 recognises its ``config.json``, whose class is the backbone's, and its ``task.json`` names the
 task (e.g. a whole detector) saved with it. A handle is checked for its form; whether it exists
 is the download's to say. A whole detector's preset named by a registry name or a handle is read
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 
+from detsweep.adapters import keras_hub as hub
 from detsweep.config import ModelConfig, TrialConfig
 from detsweep.errors import DetsweepError
 
@@ -90,15 +91,13 @@ def check_preset_name(name: str, field: str) -> None:
 def check_preset_folder(folder: str, field: str) -> None:
     """keras-hub's loader recognises the folder, and it holds a whole RetinaNet (its task.json), or
     the backbone alone of an image encoder with a feature pyramid (what RetinaNet builds on)."""
-    from keras_hub.src.utils import preset_utils
-
     if not os.path.exists(folder):
         raise DetsweepError(f"{field}: found {folder!r}, a folder that does not exist; {EXPECTED}")
     if not os.path.isdir(folder):
         raise DetsweepError(f"{field}: found {folder!r}, a file, not a folder; {EXPECTED}")
-    if not os.path.exists(os.path.join(folder, preset_utils.CONFIG_FILE)):
+    if not os.path.exists(os.path.join(folder, hub.CONFIG_FILE)):
         raise DetsweepError(f"{field}: found {folder!r}, a folder without a keras-hub preset "
-                            f"(no {preset_utils.CONFIG_FILE}); {EXPECTED}")
+                            f"(no {hub.CONFIG_FILE}); {EXPECTED}")
     backbone, task = _preset_classes(folder, field)
     if task is not None and _is_detector(task):
         check_detector_folder(folder, field)
@@ -116,25 +115,21 @@ def check_preset_folder(folder: str, field: str) -> None:
 def check_detector_folder(folder: str, field: str) -> None:
     """A whole RetinaNet's preset, with its backbone's and its heads' weights, whose architecture
     the model section can hold (what the workers will replace the config's with)."""
-    from keras_hub.src.utils import preset_utils
-
     check_retinanet_preset(folder, field)
     _check_weights_file(folder, field)
-    if not os.path.exists(os.path.join(folder, preset_utils.TASK_WEIGHTS_FILE)):
+    if not os.path.exists(os.path.join(folder, hub.TASK_WEIGHTS_FILE)):
         raise DetsweepError(f"{field}: found {folder!r}, a detector's preset without its heads' weights "
-                            f"(no {preset_utils.TASK_WEIGHTS_FILE}); {EXPECTED}")
+                            f"(no {hub.TASK_WEIGHTS_FILE}); {EXPECTED}")
     preset_model_config(ModelConfig(weights=folder), field)
 
 
 def _preset_classes(folder: str, field: str) -> tuple[type, type | None]:
     """The classes of the folder's backbone and, when one was saved, of its task, by keras-hub's
     own reading (``get_preset_loader``, ``check_config_class``)."""
-    from keras_hub.src.utils import preset_utils
-
     try:
-        backbone = preset_utils.get_preset_loader(folder).check_backbone_class()
-        saved_task = preset_utils.check_file_exists(folder, preset_utils.TASK_CONFIG_FILE)
-        task = preset_utils.check_config_class(preset_utils.load_json(folder, preset_utils.TASK_CONFIG_FILE)) \
+        backbone = hub.backbone_class(folder)
+        saved_task = hub.preset_has_file(folder, hub.TASK_CONFIG_FILE)
+        task = hub.config_class(hub.preset_json(folder, hub.TASK_CONFIG_FILE)) \
             if saved_task else None
     except (ValueError, KeyError) as error:  # keras-hub's words for a config it cannot read
         reason = str(error).splitlines()[0] if str(error) else f"no {error}"
@@ -146,14 +141,12 @@ def _preset_classes(folder: str, field: str) -> tuple[type, type | None]:
 def _check_weights_file(folder: str, field: str) -> None:
     """keras-hub's format keeps the weights in one file or a shard index (``_load_backbone_weights``);
     Transformers' and timm's formats are keras-hub's converters' to read."""
-    from keras_hub.src.utils import preset_utils
-
-    if "registered_name" not in preset_utils.load_json(folder, preset_utils.CONFIG_FILE):
+    if "registered_name" not in hub.preset_json(folder, hub.CONFIG_FILE):
         return
-    files = (preset_utils.MODEL_WEIGHTS_FILE, preset_utils.SHARDED_MODEL_WEIGHTS_CONFIG_FILE)
+    files = (hub.MODEL_WEIGHTS_FILE, hub.SHARDED_MODEL_WEIGHTS_CONFIG_FILE)
     if not any(os.path.exists(os.path.join(folder, name)) for name in files):
         raise DetsweepError(f"{field}: found {folder!r}, a preset without its weights "
-                            f"(no {preset_utils.MODEL_WEIGHTS_FILE}); {EXPECTED}")
+                            f"(no {hub.MODEL_WEIGHTS_FILE}); {EXPECTED}")
 
 
 def _image_encoder_presets() -> set[str]:
@@ -178,9 +171,8 @@ def _is_detector_backbone(backbone: type) -> bool:
     """The backbone of one of keras-hub's detectors (RetinaNet's holds its own image encoder
     and feature pyramid): the detector without its heads."""
     import keras_hub
-    from keras_hub.src.utils import preset_utils
 
-    detectors = preset_utils.list_subclasses(keras_hub.models.ObjectDetector)
+    detectors = hub.subclasses(keras_hub.models.ObjectDetector)
     return any(issubclass(backbone, detector.backbone_cls) for detector in detectors if detector.backbone_cls)
 
 
@@ -196,10 +188,8 @@ def architecture_note(config: TrialConfig, field: str = "model.weights", local: 
         return None
     if "://" not in weights and not is_preset_name(weights):  # a folder
         return _read_note(config, field) if local and os.path.isdir(weights) else None
-    from keras_hub.src.utils import preset_utils
-
     try:
-        preset_utils.get_file(weights, preset_utils.CONFIG_FILE)  # every preset has one
+        hub.preset_file(weights, hub.CONFIG_FILE)  # every preset has one
     except Exception as error:  # no network, or no such preset: the workers' download will say which
         reason = " ".join(str(error).split())
         return (f"model.weights: the preset {weights} could not be read here ({type(error).__name__}: "

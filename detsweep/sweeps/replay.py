@@ -202,7 +202,7 @@ class StepClock:
             self.changed.notify_all()
             try:
                 await asyncio.wait_for(self.changed.wait_for(lambda: self._next(trial)), self.patience_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.stalled = True
                 self.changed.notify_all()
                 await self.changed.wait_for(lambda: self._next(trial))

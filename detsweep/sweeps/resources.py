@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from detsweep.adapters.ray import HEAD_NODE_RESOURCE
 from detsweep.config import ScalingConfig
 from detsweep.errors import DetsweepError
 
@@ -27,7 +28,7 @@ from .spec import Sweep
 # actors do (by the head's own resource): Ray Train's controller runs where it runs, and a
 # worker node reclaimed mid-trial (a spot instance) then takes only training workers with it,
 # which Ray Train restarts from the last checkpoint on a node the autoscaler adds.
-TRIAL_DRIVER = {"CPU": 0, "memory": 64 * 1024**2, "node:__internal_head__": 0.001}
+TRIAL_DRIVER = {"CPU": 0, "memory": 64 * 1024**2, HEAD_NODE_RESOURCE: 0.001}
 # Where ``ray up`` leaves the cluster config on the head: the one its autoscaler runs on.
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 ALIVE = "the nodes alive"

@@ -17,6 +17,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import hyperband
 from ray.tune.search import BasicVariantGenerator
 
+from detsweep.adapters.ray import result_files
 from detsweep.config.loader import set_path
 from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import run_trial
@@ -26,7 +27,6 @@ from .resources import TRIAL_DRIVER
 from .retention import KeepCheckpoints
 from .space import swept_paths
 from .spec import Sweep, grid_of, in_reports, reports_every, trial_count
-from .trial_files import result_files
 
 REPORTS = "hyperband/reports"  # HyperBand's time: how many reports of the metric a trial has made
 

@@ -15,6 +15,7 @@ from detsweep.errors import DetsweepError
 
 from .backend import Backend
 from .checkpoint_models import best_of, checkpoints, model_uri, step_of
+from .provenance import environment_of
 from .trial_run import ROLE_TAG, TRIAL_TAG
 
 CURVE_METRICS = ("train/", "eval/", "eval_ema/")  # what a learning curve holds (not hparams/, system/, cost/)
@@ -42,6 +43,7 @@ class RankedTrial:
             "metrics": dict(run.data.metrics),
             "checkpoint": model_uri(self.checkpoint) if self.has_checkpoint else None,
             "checkpoint_step": step_of(self.checkpoint) if self.has_checkpoint else None,
+            "environment": environment_of(run.data.tags),  # what the trial's process ran on
         }
 
 

@@ -32,6 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from detsweep.adapters.mlflow import collect_garbage
+
 from . import credentials, tls
 from .backend import CERT_PATH
 from .users import ensure_user, wait_for_server
@@ -130,8 +132,6 @@ def start(folder: Path, credentials_file: Path, port: int, head_source: str | No
 def collect(folder: Path, port: int, head_source: str | None = None, authority: Path | None = None) -> None:
     """``mlflow gc`` in this process, so the database's URI stays off every command line: the
     files of deleted checkpoints (and runs) go, through the server's artifact proxy, as admin."""
-    from mlflow.cli import gc
-
     env = server_environment(folder, read_head_secret(folder, head_source)[0])
     os.environ.update({key: env[key] for key in credentials.STORES} | {
         "MLFLOW_TRACKING_URI": local_uri(port, authority), "MLFLOW_TRACKING_USERNAME": "admin",
@@ -139,7 +139,7 @@ def collect(folder: Path, port: int, head_source: str | None = None, authority: 
     os.environ.update({key: value for key, value in env.items() if key.startswith("AWS_")})
     if authority:
         os.environ[CERT_PATH] = str(authority)
-    gc.main(["--backend-store-uri", env["MLFLOW_BACKEND_STORE_URI"]], standalone_mode=False)
+    collect_garbage(env["MLFLOW_BACKEND_STORE_URI"], os.environ["MLFLOW_TRACKING_URI"])
 
 
 def make_certificate(folder: Path, authority: Path) -> None:

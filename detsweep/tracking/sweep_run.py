@@ -18,13 +18,14 @@ from detsweep.checkpoints import is_uri, local_folder, read_step
 from .backend import Backend
 from .best import CURVE_METRICS
 from .checkpoint_models import checkpoints, keep_best_and_latest, log_checkpoint, step_of
+from .provenance import run_environment_tags
 from .trial_run import PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten, ranked_by
 
 RESULTS_TAG = "detsweep.results_path"
 
 
 
-class TrialStatus(str, enum.Enum):
+class TrialStatus(str, enum.Enum):  # noqa: UP042 (StrEnum would change str() of a member)
     """A trial's state as Tune names it, and ``STOPPED``: ended by the scheduler (or the
     sweep's time budget) before ``train.num_steps``. Compares equal to its name (JSON)."""
 
@@ -97,9 +98,10 @@ def reopen_sweep_run(link: RunLink) -> None:
 
 
 def sweep_tags(sweep, results_path: str) -> dict[str, str]:
+    """What the sweep is, and what its driver ran on (each trial's run says what its own process ran on)."""
     tags = {ROLE_TAG: "sweep", "detsweep.sweep": sweep.name, RESULTS_TAG: results_path,
             "detsweep.algorithm": sweep.search.algorithm, "detsweep.scheduler": sweep.search.scheduler.type,
-            "detsweep.version": detsweep.__version__}
+            "detsweep.version": detsweep.__version__} | run_environment_tags()
     commit = git_commit(sweep.path.parent)
     if commit:
         tags["mlflow.source.git.commit"] = commit

@@ -55,7 +55,7 @@ def _certificate(name: str, public_key, signer, issuer_cert, hosts: list[str] | 
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     builder = (x509.CertificateBuilder().subject_name(subject)
                .issuer_name(issuer_cert.subject if issuer_cert else subject).public_key(public_key)
@@ -100,7 +100,7 @@ def _still_good(folder: Path, authority: Path, hosts: list[str]) -> bool:
         return False
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     named = {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} | set(names.get_values_for_type(x509.DNSName))
-    soon = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=30)
+    soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=30)
     return set(hosts) <= named and server.not_valid_after_utc > soon
 
 

@@ -35,6 +35,7 @@ from detsweep.startup import once_per_start
 from .backend import use_writer_settings
 from .checkpoint_models import keep_best_and_latest, log_checkpoint
 from .datasets import dataset_inputs
+from .provenance import run_environment_tags
 from .writer import RetryingWriter
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class TrialRun:
         self.link, self.trial_id, self.trial_name, self.config = link, trial_id, trial_name, config
         self.metric, self.mode = metric, mode
         self.tags = {TRIAL_TAG: trial_id, ROLE_TAG: "trial", METRIC_TAG: metric, MODE_TAG: mode} | ({PARENT_TAG: link.parent_run_id} if link.parent_run_id else {})
-        self.tags |= tags or {}
+        self.tags |= run_environment_tags() | (tags or {})  # what this process, the trial's, runs on
         self.run_id: str | None = None
         self.reopened = False  # the run was found: a resumed trial's
         self.opened = threading.Event()  # run_id is known

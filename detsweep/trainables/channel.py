@@ -1,9 +1,8 @@
 """How a training's reports travel from its Ray Train workers to the process that owns the run.
 
 Ray Train's ``ray.train.report`` is made for checkpoints: each worker has a result queue of
-one entry, and the controller empties it when it polls its workers, every
-``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (Ray's 2 s, detsweep's 0.5 s unless the user sets it;
-``ray/train/v2/_internal/execution/context.py``).
+one entry, and the controller empties it when it polls its workers (every 2 s by Ray's
+default, 0.5 s by detsweep's unless the user sets it: :data:`detsweep.adapters.ray.POLL_INTERVAL`).
 A worker that reported every loop trained at most one loop per poll. Ray's guidance is to
 send per-step metrics to experiment tracking from the workers themselves; ours go to the
 process that owns the MLflow run (the trial's, or ``detsweep train``'s driver) through a

@@ -17,12 +17,11 @@ from detsweep.startup import StartupClock
 from .channel import LoopMetrics, LoopSender, TrainingFailed
 
 
-def quiet_report_logging() -> None:
-    """Ray Train logs every report in full at INFO (a picture's base64 included) under a
-    logger named by its file's path; our progress lines already say what matters."""
-    from ray.train.v2._internal.execution import context
-
-    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+def quiet_info_logging() -> None:
+    """Warnings and errors only from this worker's loggers: Ray Train sets the root logger at INFO,
+    and logs every report there in full (a picture's base64 included); our progress lines already
+    say what matters, and detsweep's own workers log nothing below a warning."""
+    logging.getLogger().setLevel(logging.WARNING)
 
 
 def fine_tune_source(config: TrialConfig) -> contextlib.AbstractContextManager[Path]:
@@ -61,12 +60,9 @@ class NodeMonitor:
 
     def _start(self) -> None:
         try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+            from detsweep.adapters.mlflow import start_system_metrics
 
-            monitor = SystemMetricsMonitor(self.target["run_id"], node_id=self.node_id, resume_logging=True,
-                                           tracking_uri=self.target["uri"])
-            monitor.start()
-            self.monitor = monitor
+            self.monitor = start_system_metrics(self.target["run_id"], self.target["uri"], self.node_id)
         except Exception as error:  # a courtesy, like the pictures: training goes on without it
             logging.getLogger(__name__).warning("no system metrics: %s", error)
 
@@ -95,7 +91,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     )
 
     startup.mark("imports")
-    quiet_report_logging()
+    quiet_info_logging()
     config = TrialConfig.model_validate(loop_config["trial"])
     rank = ray.train.get_context().get_world_rank()
     sender = LoopSender(loop_config["reports"]) if rank == 0 else None

@@ -1,0 +1,10 @@
+"""Every use of a library's undocumented parts, one module per library.
+
+A name under a library's ``src`` or ``_internal``, or with a leading underscore, a command's
+implementation called as a function, a setting read from an undocumented environment
+variable: each is reached from here and nowhere else in detsweep (``sweeps/tuner.py``'s
+schedulers aside, for now), and each has a test of what detsweep relies on it to *do*
+(``tests/test_adapters.py``). A release that changes one fails there, saying which, and
+``make upgrade-check`` runs those tests against the newest releases. Each module imports its
+library only when used, so that a command that never needs it never pays for it.
+"""

@@ -1,0 +1,79 @@
+"""Ray's undocumented parts (Ray 2.60) that detsweep relies on, outside the schedulers
+(``sweeps/tuner.py``): Ray Train's settings that only environment variables set, the head node's
+own resource, and Tune's result loggers kept from losing rows when a trial starts again.
+
+Nothing here imports Ray when this module is imported: ``detsweep.cluster`` uses it before any
+command has decided to start Ray.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+__all__ = ["HEAD_NODE_RESOURCE", "POLL_INTERVAL", "result_files", "train_environment"]
+
+# Ray's own resource of the head node (every Ray cluster has it, 1 unit): a task asking a
+# fraction of it runs on the head.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+
+# Ray Train's settings, read from the environment of its controller and workers
+# (``ray/train/v2/_internal/constants.py``; Ray Train passes these on from the driver).
+POLL_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # seconds between the controller's polls of its workers
+START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # how long a worker group may wait for its resources
+PRINT_PATCH = "RAY_TRAIN_ENABLE_PRINT_PATCH"  # every print in a worker routed through Ray Train's logger
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # an actor per run that watches for spot preemption
+
+
+def train_environment(local: bool) -> dict[str, str]:
+    """The values detsweep gives Ray Train's settings, each the user's own where it is set."""
+    ours = {
+        # A trial stopped by a scheduler frees its workers' CPUs a little after it ends; the next
+        # trial's workers wait for them instead of failing after Ray Train's default 60 s.
+        START_TIMEOUT: "1800",
+        # pycocotools' progress lines would fill the console at every evaluation: they go past
+        # redirect_stdout only if print is not Ray Train's.
+        PRINT_PATCH: "0",
+        # The controller takes each worker's milestone report (an evaluation, a checkpoint) when
+        # it polls, and a worker whose last one still waits blocks at its next: a fast GPU that
+        # evaluates often would wait for Ray's 2 s, and a trial's end is seen a poll later. A poll
+        # costs the controller one small call per worker.
+        POLL_INTERVAL: "0.5",
+    }
+    if local:  # nothing to preempt on one machine: one process less per trial start
+        ours[PREEMPTION_WATCHER] = "0"
+    return {name: os.environ.get(name, value) for name, value in ours.items()}
+
+
+def result_files() -> list:
+    """Tune's ``result.json`` and ``progress.csv`` loggers, in place of its own (Tune adds its
+    own only when these are missing), kept whole when a trial starts again in the same sweep:
+    after a pause (HyperBand), an exploit (PBT) or a retried failure.
+
+    Tune writes them in the driver's staging folder and copies that to the sweep's storage every
+    few seconds. When a trial with a checkpoint starts again, its loggers first copy the stored
+    file back over the staged one (``_restore_from_remote``), and a trial that ran since the last
+    copy loses the rows it reported in between (a paused trial resumed 3 s later lost its first
+    result here). Within a driver the staged file is the newer one; only a new driver (``detsweep
+    resume``) starts without it, and then Tune's own copy is right."""
+    json_results, csv_progress = _result_loggers()
+    return [json_results(), csv_progress()]
+
+
+@functools.cache
+def _result_loggers() -> tuple[type, type]:
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    class KeepsTheStagedFile:
+        def _restore_from_remote(self, file_name: str, trial) -> None:
+            if not Path(trial.local_path, file_name).exists():
+                super()._restore_from_remote(file_name, trial)
+
+    class JsonResults(KeepsTheStagedFile, JsonLoggerCallback):
+        """``result.json``, as Tune writes it, without losing rows to a restart."""
+
+    class CsvProgress(KeepsTheStagedFile, CSVLoggerCallback):
+        """``progress.csv``, as Tune writes it, without losing rows to a restart."""
+
+    return JsonResults, CsvProgress

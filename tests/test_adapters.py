@@ -1,0 +1,297 @@
+"""What detsweep relies on each of a library's undocumented parts to *do*, one test per name in
+``detsweep/adapters/``: a release that changes one fails here, saying which, instead of a sweep
+going wrong without a word. ``make upgrade-check`` runs this file against the newest releases."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import REPO, cli_environment, run_bounded
+
+pytestmark = pytest.mark.upgrade_check
+
+
+# --- keras-hub ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved_presets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny RetinaNet saved by keras-hub's own ``save_to_preset`` (with its image converter), and
+    its image encoder's backbone saved alone."""
+    import keras_hub
+
+    from detsweep.models.backbones import build_backbone
+
+    encoder = build_backbone("resnet_tiny")
+    backbone = keras_hub.models.RetinaNetBackbone(image_encoder=encoder, min_level=3, max_level=4, use_p5=False)
+    anchors = keras_hub.layers.AnchorGenerator("yxyx", min_level=3, max_level=4, num_scales=1, aspect_ratios=[1.0],
+                                               anchor_size=2.0)
+    converter = keras_hub.layers.RetinaNetImageConverter(image_size=(96, 64), pad_to_aspect_ratio=True,
+                                                         crop_to_aspect_ratio=False, scale=1 / 255)
+    detector = keras_hub.models.RetinaNetObjectDetector(
+        backbone=backbone, num_classes=3, bounding_box_format="yxyx", anchor_generator=anchors,
+        pre_logits_num_conv_layers=1, preprocessor=keras_hub.models.RetinaNetObjectDetectorPreprocessor(converter))
+    folder = tmp_path_factory.mktemp("presets")
+    detector.save_to_preset(str(folder / "detector"))
+    encoder.save_to_preset(str(folder / "encoder"))
+    return {"detector": folder / "detector", "encoder": folder / "encoder"}
+
+
+def test_a_preset_keras_hub_saved_reads_back_through_the_adapter(saved_presets):
+    import keras_hub
+
+    from detsweep.adapters import keras_hub as hub
+
+    detector, encoder = str(saved_presets["detector"]), str(saved_presets["encoder"])
+    assert hub.backbone_class(detector) is keras_hub.models.RetinaNetBackbone
+    assert hub.backbone_class(encoder) is keras_hub.models.ResNetBackbone
+    assert hub.preset_has_file(detector, hub.TASK_CONFIG_FILE) and not hub.preset_has_file(encoder, hub.TASK_CONFIG_FILE)
+    task = hub.preset_json(detector, hub.TASK_CONFIG_FILE)
+    assert hub.config_class(task) is keras_hub.models.RetinaNetObjectDetector
+    assert task["config"]["num_classes"] == 3 and task["config"]["pre_logits_num_conv_layers"] == 1
+    assert hub.preset_json(encoder)["config"]["stackwise_num_filters"][0] == 64  # the backbone's own config
+    for name in (hub.CONFIG_FILE, hub.MODEL_WEIGHTS_FILE, hub.TASK_WEIGHTS_FILE):
+        assert Path(hub.preset_file(detector, name)) == saved_presets["detector"] / name
+    assert hub.preset_has_file(detector, hub.PREPROCESSOR_CONFIG_FILE)
+    converter = hub.saved_image_converter(detector, keras_hub.models.RetinaNetObjectDetectorPreprocessor)
+    assert tuple(converter.image_size) == (96, 64) and converter.pad_to_aspect_ratio and not converter.crop_to_aspect_ratio
+    assert converter.scale == pytest.approx(1 / 255)
+    assert keras_hub.models.RetinaNetObjectDetector in hub.subclasses(keras_hub.models.ObjectDetector)
+    assert keras_hub.models.RetinaNetObjectDetector not in hub.subclasses(keras_hub.models.Backbone)
+
+
+def test_a_folder_keras_hub_cannot_read_raises_what_the_driver_turns_into_one_line(tmp_path):
+    """``models/presets.py`` catches ``ValueError`` and ``KeyError`` as keras-hub's words for a
+    config it cannot read."""
+    from detsweep.adapters import keras_hub as hub
+
+    (tmp_path / "config.json").write_text(json.dumps({"module": "nowhere", "class_name": "Nothing", "config": {}}))
+    with pytest.raises((ValueError, KeyError)):
+        hub.backbone_class(str(tmp_path))
+
+
+def test_retinanets_label_encoder_codes_a_box_as_computed_by_hand():
+    """One 8-pixel anchor per point of a 4 × 4 grid (every 8 pixels from 0) on a 32-pixel image,
+    and one box of class 2:
+    the anchor it overlaps with IoU 0.57 codes it as centre and size offsets divided by the
+    variances (x, y, w, h); an anchor it barely touches is background (-1), none ignored."""
+    import keras_hub
+
+    from detsweep.adapters.keras_hub import RetinaNetLabelEncoder
+
+    anchors = keras_hub.layers.AnchorGenerator("yxyx", min_level=3, max_level=3, num_scales=1, aspect_ratios=[1.0],
+                                               anchor_size=1.0)
+    variance = [0.1, 0.2, 0.25, 0.5]
+    encoder = RetinaNetLabelEncoder(anchors, bounding_box_format="yxyx", encoding_format="center_xywh",
+                                    box_variance=variance)
+    box = np.array([5.0, 12.5, 15.0, 20.5])  # y1 x1 y2 x2: centre (10, 16.5), 10 high, 8 wide
+    boxes, classes = encoder(np.zeros((1, 32, 32, 3), "float32"), box[None, None].astype("float32"),
+                             np.array([[2]], "float32"))
+    boxes, classes = np.asarray(boxes)[0], np.asarray(classes).reshape(-1)
+    grid = np.asarray(anchors(np.zeros((1, 32, 32, 3), "float32"))["P3"])
+    matched = int(np.flatnonzero(np.all(grid == [4, 12, 12, 20], axis=1))[0])  # the anchor centred at (8, 16)
+    expected = [(16.5 - 16) / 8 / variance[0], (10 - 8) / 8 / variance[1], math.log(8 / 8) / variance[2],
+                math.log(10 / 8) / variance[3]]
+    np.testing.assert_allclose(boxes[matched], expected, rtol=1e-5, atol=1e-6)
+    assert classes[matched] == 2
+    assert set(np.delete(classes, matched)) == {-1.0}
+
+
+# --- Keras ----------------------------------------------------------------------------------------
+
+def test_loading_weights_except_some_layers_leaves_them_and_everything_inside_them_as_they_were(tmp_path):
+    import keras
+
+    class Head(keras.layers.Layer):  # a layer holding layers, as keras-hub's heads do
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dense(3, name="inner")
+
+        def call(self, x):
+            return self.inner(x)
+
+    from detsweep.adapters.keras import load_weights_except
+
+    inputs = keras.Input((4,))
+    trunk = keras.layers.Dense(4, name="trunk")
+    head = Head(name="head")
+    model = keras.Model(inputs, head(trunk(inputs)))
+    saved = [w.numpy().copy() for w in model.weights]
+    model.save_weights(tmp_path / "all.weights.h5")
+    for weight in model.weights:
+        weight.assign(weight.numpy() + 1.0)
+    load_weights_except(model, tmp_path / "all.weights.h5", kept=[head])
+    np.testing.assert_array_equal(trunk.kernel.numpy(), saved[0])
+    np.testing.assert_array_equal(head.inner.kernel.numpy(), saved[2] + 1.0)
+
+
+# --- MLflow ---------------------------------------------------------------------------------------
+
+def test_mlflow_gc_in_process_deletes_a_deleted_runs_record_and_files_and_keeps_the_rest(tmp_path):
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from detsweep.adapters.mlflow import collect_garbage
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("gc", artifact_location=(tmp_path / "artifacts").as_uri())
+    gone, kept = (client.create_run(experiment).info for _ in range(2))
+    for run in (gone, kept):
+        client.log_text(run.run_id, "weights", "checkpoint/model.txt")
+    client.delete_run(gone.run_id)
+    collect_garbage(uri, uri)
+    with pytest.raises(MlflowException):
+        client.get_run(gone.run_id)
+    assert not [path for path in (tmp_path / "artifacts" / gone.run_id).rglob("*") if path.is_file()]
+    assert (tmp_path / "artifacts" / kept.run_id / "artifacts" / "checkpoint" / "model.txt").read_text() == "weights"
+
+
+def test_system_metrics_of_a_node_go_to_a_run_another_process_opened_and_leave_it_running(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from detsweep.adapters.mlflow import start_system_metrics
+
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("metrics")).info
+    monitor = start_system_metrics(run.run_id, uri, node_id="node1")
+    deadline = time.monotonic() + 30
+    while not client.get_run(run.run_id).data.metrics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    monitor.finish()
+    found = client.get_run(run.run_id)
+    assert "system/node1/cpu_utilization_percentage" in found.data.metrics, sorted(found.data.metrics)
+    assert all(key.startswith("system/node1/") for key in found.data.metrics)
+    assert found.info.status == "RUNNING"
+
+
+# --- Ray ------------------------------------------------------------------------------------------
+
+def test_ray_trains_settings_are_the_users_where_set_and_the_preemption_watcher_only_off_on_one_machine(monkeypatch):
+    from detsweep.adapters.ray import POLL_INTERVAL, PREEMPTION_WATCHER, START_TIMEOUT, train_environment
+
+    monkeypatch.setenv(START_TIMEOUT, "99")
+    local, cluster = train_environment(local=True), train_environment(local=False)
+    assert local[START_TIMEOUT] == "99" and local[POLL_INTERVAL] == "0.5" and local[PREEMPTION_WATCHER] == "0"
+    assert PREEMPTION_WATCHER not in cluster
+
+
+RAY_TRAIN_PROBE = """
+import builtins, json, os, sys, time
+
+import ray, ray.train
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from ray.util.state import list_actors
+
+from detsweep.adapters.ray import HEAD_NODE_RESOURCE, START_TIMEOUT
+from detsweep.cluster import connect
+
+def train(config):
+    gaps, last = [], time.monotonic()
+    for step in range(5):
+        ray.train.report({"step": step})  # waits while the last report is not yet polled
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+    with open(config["out"], "w") as out:
+        json.dump({"gaps": gaps, "print": builtins.print.__module__}, out)
+
+connect()
+out = os.path.join(sys.argv[1], "worker.json")
+DataParallelTrainer(train, train_loop_config={"out": out}, scaling_config=ray.train.ScalingConfig(num_workers=1),
+                    run_config=ray.train.RunConfig(storage_path=sys.argv[1], name="probe")).fit()
+found = json.load(open(out))
+here = ray.get_runtime_context().gcs_address  # other clusters may run on this machine
+found["watchers"] = len(list_actors(here, filters=[("class_name", "=", "PreemptionWatcher")]))
+[controller] = list_actors(here, filters=[("class_name", "=", "TrainController")])
+environ = dict(line.split("=", 1) for line in open(f"/proc/{controller.pid}/environ").read().split("\\0") if "=" in line)
+found["controller_start_timeout"] = environ.get(START_TIMEOUT)
+found["head_resource"] = ray.cluster_resources().get(HEAD_NODE_RESOURCE)
+print(json.dumps(found))
+"""
+
+
+def test_ray_train_polls_fast_patches_no_print_waits_long_for_workers_and_starts_no_preemption_watcher(tmp_path):
+    """One Ray Train run under ``connect``'s settings: reports are taken every 0.5 s, not 2 s (a
+    worker's report waits for the last one's poll); a worker's ``print`` is Python's; the
+    controller has 1800 s for its workers to start; no preemption watcher on one machine; and the
+    head node's own resource is there for the trials' processes."""
+    from ray.train.v2._internal import constants
+
+    from detsweep.adapters import ray as adapter
+
+    assert (constants.HEALTH_CHECK_INTERVAL_S_ENV_VAR, constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR,
+            constants.ENABLE_PRINT_PATCH_ENV_VAR, constants.ENABLE_PREEMPTION_WATCHER_ENV_VAR) == (
+        adapter.POLL_INTERVAL, adapter.START_TIMEOUT, adapter.PRINT_PATCH, adapter.PREEMPTION_WATCHER)
+    env = {name: value for name, value in cli_environment().items() if not name.startswith("RAY_TRAIN_")}
+    result = run_bounded([sys.executable, "-c", RAY_TRAIN_PROBE, str(tmp_path)], cwd=REPO, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert statistics.median(found["gaps"][1:]) < 1.2, found["gaps"]
+    assert found["print"] == "builtins"
+    assert found["controller_start_timeout"] == "1800"
+    assert found["watchers"] == 0
+    assert found["head_resource"] == 1.0
+def test_tunes_result_files_keep_the_rows_a_trial_reported_since_the_last_copy_to_storage_when_it_starts_again(ray_driver, tmp_path):
+    """Tune's result files (``result.json``, ``progress.csv``) are staged on the driver and
+    copied to storage now and then. A trial with a checkpoint that starts again in the same
+    driver (after a pause, an exploit) keeps the staged rows, not storage's older copy; in a
+    new driver (``resume``) the stored rows are all there are, and they are copied back."""
+    import csv
+    import shutil
+
+    from ray import tune
+    from ray.train._internal.session import _TrainingResult
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.experiment import Trial
+
+    from detsweep.adapters.ray import result_files
+
+    storage = StorageContext(str(tmp_path / "stored"), "sweep", trial_dir_name="trial_a")
+    trial = Trial("__fake", stub=True, storage=storage, trial_id="a", config={})
+    trial.relative_logdir = trial.storage.trial_dir_name  # as a sweep's trial_dirname_creator names it
+
+    def start(callbacks: list, trial: Trial) -> list:
+        trial.init_local_path()  # as Tune does before it starts a trial
+        for callback in callbacks:
+            callback.log_trial_start(trial)
+        return callbacks
+
+    def report(callbacks: list, trial: Trial, step: int) -> None:
+        for callback in callbacks:
+            callback.log_trial_result(step // 10, trial, {"step": step, "train/loss": 1 / step})
+
+    def steps_in(folder: Path) -> tuple[list[int], list[int]]:
+        with open(folder / "progress.csv") as progress:
+            return ([json.loads(line)["step"] for line in (folder / "result.json").read_text().splitlines()],
+                    [int(row["step"]) for row in csv.DictReader(progress)])
+
+    driver = start(result_files(), trial)
+    staged, stored = Path(trial.local_path), Path(trial.storage.trial_fs_path)
+    report(driver, trial, 10)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    trial.on_checkpoint(_TrainingResult(checkpoint=tune.Checkpoint.from_directory(checkpoint), metrics={"step": 10}))
+    shutil.copytree(staged, stored)  # Tune's copy to storage, between two reports
+    report(driver, trial, 20)
+    start(driver, trial)  # the trial goes on from its checkpoint
+    report(driver, trial, 30)
+    assert steps_in(staged) == ([10, 20, 30], [10, 20, 30])
+
+    shutil.copytree(staged, stored, dirs_exist_ok=True)
+    shutil.rmtree(staged)
+    restored = Trial("__fake", stub=True, storage=storage, trial_id="a", config={})  # a new driver's
+    restored.relative_logdir = trial.relative_logdir
+    restored.on_checkpoint(_TrainingResult(checkpoint=tune.Checkpoint.from_directory(checkpoint), metrics={"step": 30}))
+    assert Path(restored.local_path) == staged
+    report(start(result_files(), restored), restored, 40)
+    assert steps_in(staged) == ([10, 20, 30, 40], [10, 20, 30, 40])

@@ -1,0 +1,1 @@
+"""Scripts the Makefile runs with the repo's venv (not installed with detsweep)."""
