@@ -30,8 +30,9 @@ bench-smoke: $(INSTALLED) tcmalloc
 	$(BIN)/python -m bench.run_all --smoke --out $(CURDIR)/demo-out/bench-smoke.json
 
 # The newest versions PyPI serves, bounds lifted, in .venv/upgrade-check: what of the marked tests broke.
+# PIN='ray==2.59.*' tries that version instead, the other packages at uv.lock's (tools/upgrade_check.py --pin).
 upgrade-check: $(INSTALLED)
-	$(BIN)/python tools/upgrade_check.py
+	$(BIN)/python tools/upgrade_check.py $(if $(PIN),--pin '$(PIN)')
 
 # The benchmarks compare glibc's malloc with tcmalloc (bench/allocator.py), which Ray's training
 # workers get where a machine has it. It gave no gain beyond noise (README, Speed), so the demo

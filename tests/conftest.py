@@ -161,6 +161,14 @@ def run_bounded(command: list[str], timeout: float | None = None, **options) -> 
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    """Poll ``condition`` every second; fail saying ``what`` did not happen in ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} after {seconds:.0f} s"
+        time.sleep(1)
+
+
 def run_on_two_cpu_devices(script: str, *args: str, timeout: float = 180) -> dict:
     """``script`` in a Python process of its own whose CPU is two logical devices, which stand
     in for two GPUs (TensorFlow fixes its devices when its runtime starts, and this process's

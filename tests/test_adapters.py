@@ -295,3 +295,91 @@ def test_tunes_result_files_keep_the_rows_a_trial_reported_since_the_last_copy_t
     assert Path(restored.local_path) == staged
     report(start(result_files(), restored), restored, 40)
     assert steps_in(staged) == ([10, 20, 30, 40], [10, 20, 30, 40])
+
+
+def test_tunes_trials_are_tagged_with_the_count_they_were_created_in_by_either_generator(tmp_path):
+    """The schedulers place restored trials in the order Tune created them (its random and grid
+    generator counts from 0, a searcher's from 1)."""
+    from ray import tune
+    from ray.tune.experiment import Experiment
+    from ray.tune.search import BasicVariantGenerator
+    from ray.tune.search.bohb import TuneBOHB
+    from ray.tune.search.search_generator import SearchGenerator
+
+    from detsweep.adapters.ray import creation_order
+
+    def probe(config: dict) -> None:
+        """Never run: the trials are only created."""
+
+    space = {"x": tune.uniform(0, 1)}
+    bohb = TuneBOHB(metric="m", mode="max", seed=0)
+    bohb.set_search_properties("m", "max", space)
+    for generator, first in ((BasicVariantGenerator(random_state=0), 0), (SearchGenerator(bohb), 1)):
+        generator.add_configurations([Experiment("e", probe, config=space, num_samples=4, storage_path=str(tmp_path))])
+        trials = [generator.next_trial() for _ in range(4)]
+        assert [creation_order(trial) for trial in trials] == list(range(first, first + 4)), trials
+
+
+TUNE_PAUSE_THEN_STOP = """
+import glob, json, os, sys, time
+
+import ray
+from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler
+
+from detsweep.adapters.ray import save_stopped_trial
+
+def train(config):
+    for _ in range(4):
+        time.sleep(0.5)
+        tune.report({"score": 1.0})
+
+class PauseThenStop(FIFOScheduler):
+    '''Pauses trial 0 at its second report; stops it, paused, at trial 1's second report.'''
+
+    def __init__(self, saves):
+        super().__init__()
+        self.saves = saves
+
+    def on_trial_result(self, controller, trial, result):
+        if result["training_iteration"] == 2:
+            if trial.config["id"] == 0:
+                return self.PAUSE
+            time.sleep(1.5)  # Tune saves the experiment's state (every second here) with trial 0 PAUSED
+            for other in controller.get_trials():
+                if other.status == Trial.PAUSED:
+                    controller.stop_trial(other)
+        return self.CONTINUE
+
+    def on_trial_remove(self, controller, trial):
+        if self.saves and trial.status == Trial.PAUSED:
+            save_stopped_trial(controller, trial)
+
+    def choose_trial_to_run(self, controller):
+        return next((t for t in controller.get_trials() if t.status == Trial.PENDING), None)
+
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+found = {}
+for saves in (False, True):
+    name = f"saves-{saves}"
+    tune.Tuner(train, param_space={"id": tune.grid_search([0, 1])},
+               tune_config=tune.TuneConfig(scheduler=PauseThenStop(saves)),
+               run_config=tune.RunConfig(name=name, storage_path=sys.argv[1], verbose=0)).fit()
+    [state] = sorted(glob.glob(os.path.join(sys.argv[1], name, "experiment_state-*.json")))[-1:]
+    trials = [json.loads(trial) for trial, _ in json.load(open(state))["trial_data"]]
+    found[name] = {trial["config"]["id"]: trial["status"] for trial in trials}
+print(json.dumps(found))
+"""
+
+
+def test_a_trial_stopped_while_paused_is_saved_terminated_only_through_the_adapter(tmp_path):
+    """Tune (2.60) writes a trial stopped while paused to the experiment's saved state only
+    when told to: without it the state keeps it PAUSED in a finished sweep (and a resume trains
+    it again); this test sees both, so it also says when a release no longer needs the call."""
+    env = {**cli_environment(), "TUNE_GLOBAL_CHECKPOINT_S": "1"}
+    result = run_bounded([sys.executable, "-c", TUNE_PAUSE_THEN_STOP, str(tmp_path)], cwd=REPO, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found == {"saves-False": {"0": "PAUSED", "1": "TERMINATED"},
+                     "saves-True": {"0": "TERMINATED", "1": "TERMINATED"}}, found

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from .cluster_parts import WORKER_TYPE, AutoscalingCluster, autoscaling_cluster
-from .conftest import REPO, foreign_lines, run_cli, without_the_unread_preset
+from .conftest import REPO, foreign_lines, run_cli, wait_until, without_the_unread_preset
 from .mlflow_checks import check_mlflow_runs
 from .tiny_sweeps import shapes_in_bucket, tiny_sweep
 
@@ -113,13 +113,6 @@ def tiny_cluster_sweep(tmp_path: Path, name: str, search: str, storage: str | No
                        data: str = "{train: {num_images: 16}, val: {num_images: 8}}", num_steps: int = 10,
                        every: int = 5, loop: int | None = None) -> Path:
     return tiny_sweep(tmp_path, search, num_steps, every, name, data=data, loop=loop, storage=storage)
-
-
-def wait_until(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} after {seconds:.0f} s"
-        time.sleep(1)
 
 
 TWO_TRIALS = """  metric: train/loss

@@ -14,11 +14,13 @@ import pytest
 from ray import tune
 
 from detsweep.sweeps import load_sweep
-from detsweep.sweeps.tuner import build_tuner, param_space, scheduler, searcher
+from detsweep.sweeps.tuner import build_tuner, param_space, search_and_scheduler, searcher
 from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import swept_values
 
 from .conftest import REPO, connected_to, run_cli
+
+pytestmark = pytest.mark.upgrade_check  # the schedulers on Tune's interface: make upgrade-check runs them
 
 LR = "optimizer.learning_rate.learning_rate_base"
 
@@ -293,7 +295,7 @@ def test_bohbs_model_learns_from_the_results_hyperband_ranks(ray_driver, write, 
     4 at budget 4, and it is fitted on both. (hpbandster drops a result below the largest
     budget it has a model for; the model at budget 4 comes with the sweep's last result.)"""
     sweep = sweep_with(write, tmp_path, bohb_on_the_rate(10, 4), checkpoint_every=10)
-    bohb, hyperband = searcher(sweep, 1), scheduler(sweep, 1)
+    bohb, hyperband = search_and_scheduler(sweep, 1)
     tuner = tune.Tuner(lr_reported_from_checkpoints, param_space=param_space(sweep, RunLink("sqlite:///unused.db", "0", None)),
                        tune_config=tune.TuneConfig(metric="eval/AP_best", mode="max", num_samples=10, search_alg=bohb,
                                                    scheduler=hyperband),
@@ -322,62 +324,225 @@ def test_a_replay_reports_where_the_sweep_evaluates_not_at_every_recorded_step(w
     assert (run["trials"], run["steps"], run["reported_twice"]) == (2, 60, 0), run
 
 
-def test_a_hyperband_bracket_whose_only_trial_errored_takes_no_more_trials():
-    """Tune ranks a bracket when its last live trial leaves it, here by erroring at its first
-    report, and moves the bracket's rung on. A trial that joined it then would skip the first
-    rung. HyperBand with 9 reports and a factor of 3 opens with a bracket of 9 trials."""
+class Controller:
+    """What Tune hands a scheduler (``get_trials``, ``stop_trial``), as Tune's acts: a paused
+    trial stopped is removed from the scheduler while still PAUSED, then TERMINATED; and what it
+    writes to the experiment's saved state (``_mark_trial_to_checkpoint``, the adapter's call)."""
+
+    def __init__(self, scheduler, trials: list):
+        self.scheduler, self.trials, self.saved = scheduler, trials, []
+
+    def get_trials(self) -> list:
+        return self.trials
+
+    def stop_trial(self, trial) -> None:
+        from ray.tune.experiment import Trial
+
+        if trial.status in (Trial.PENDING, Trial.PAUSED):
+            self.scheduler.on_trial_remove(self, trial)
+        trial.set_status(Trial.TERMINATED)
+
+    def _mark_trial_to_checkpoint(self, trial) -> None:
+        self.saved.append((trial.trial_id, trial.status))
+
+    def add(self, trial) -> None:
+        self.trials.append(trial)
+        self.scheduler.on_trial_add(self, trial)
+
+    def starts(self, trial) -> None:
+        """Tune starts a PENDING trial by itself, a PAUSED one when the scheduler chooses it."""
+        from ray.tune.experiment import Trial
+
+        if trial.status == Trial.PAUSED:
+            assert self.scheduler.choose_trial_to_run(self) is trial
+        trial.set_status(Trial.RUNNING)
+
+    def placed(self) -> list:
+        """The scheduler's brackets, once it placed every trial added (it does at its next hook)."""
+        self.scheduler.holding_slots()
+        return self.scheduler.brackets
+
+    def reports(self, trial, step: int, value: float) -> str:
+        """The scheduler's decision on the report, carried out as Tune would."""
+        from ray.tune.experiment import Trial
+
+        result = {"step": step, "eval/AP": value}
+        trial.update_last_result(dict(result))
+        decision = self.scheduler.on_trial_result(self, trial, result)
+        if decision == "PAUSE":
+            trial.set_status(Trial.PAUSED)
+        elif decision == "STOP":
+            self.scheduler.on_trial_complete(self, trial, result)
+            trial.set_status(Trial.TERMINATED)
+        return decision
+
+
+def stub_trials(*names: str) -> list:
+    """Trials as Tune creates them, each tagged with its creation count."""
     from ray.tune.experiment import Trial
 
-    from detsweep.sweeps.tuner import HyperBandForBOHB
+    return [Trial("__fake", stub=True, trial_id=name, config={}, experiment_tag=f"{at}_x={at}")
+            for at, name in enumerate(names, 1)]
 
-    hyperband = HyperBandForBOHB(max_concurrent=1, every=1, metric="eval/AP", mode="max", max_t=9, reduction_factor=3)
-    errored, later = (Trial("__fake", stub=True, trial_id=name, config={}) for name in ("errored", "later"))
-    hyperband.on_trial_add(None, errored)
+
+def halving_of(trials: int, max_concurrent: int | None = 1, first_rung: int = 1, max_t: int = 3, eta: float = 3):
+    from detsweep.sweeps.rungs import halving
+
+    return halving(trials=trials, first_rung=first_rung, max_t=max_t, eta=eta, every=1, max_concurrent=max_concurrent,
+                   metric="eval/AP", mode="max")
+
+
+def test_a_hyperband_bracket_whose_only_trial_errored_takes_no_more_trials():
+    """A bracket is ranked when its last live trial leaves it, here by erroring at its first
+    report, and its rung moves on: a trial joining it then would skip the first rung, so it
+    takes none. HyperBand with 9 reports and a factor of 3 opens with a bracket of 9 trials
+    (s = 2), then one of 5 (s = 1)."""
+    from ray.tune.experiment import Trial
+
+    from detsweep.sweeps.rungs import hyperband
+
+    scheduler = hyperband(max_t=9, eta=3, every=1, max_concurrent=1, metric="eval/AP", mode="max", bohb=None)
+    errored, later = stub_trials("errored", "later")
+    controller = Controller(scheduler, [])
+    controller.add(errored)
     errored.set_status(Trial.ERROR)
-    hyperband.on_trial_error(None, errored)  # ranks the bracket: nothing was in it to stop
-    hyperband.on_trial_add(None, later)
-    (first, _), (joined, _) = hyperband._trial_info[errored], hyperband._trial_info[later]
-    assert first._n0 == 9 and first.is_being_processed
-    assert joined is not first and joined._n0 == 5
+    scheduler.on_trial_error(controller, errored)
+    controller.add(later)
+    first, joined = controller.placed()
+    assert (first.size, first.rungs, first.finished) == (9, [1, 3, 9], True)
+    assert (joined.size, joined.rungs, list(joined.members)) == (5, [3, 9], ["later"])
+
+
+def test_a_bracket_fills_as_trials_arrive_though_its_first_trials_ended():
+    """HyperBand's bracket without a rung before max_t (s = 0) holds 2 trials here: one that ran
+    to the end and left still counts, so the next joins it and the third opens the next band,
+    instead of every later trial joining a bracket that never fills (and never stops one)."""
+    from detsweep.sweeps.rungs import hyperband
+
+    scheduler = hyperband(max_t=3, eta=3, every=1, max_concurrent=1, metric="eval/AP", mode="max", bohb=None)
+    trials = stub_trials(*"abcdef")
+    controller = Controller(scheduler, [])
+    for trial in trials[:3]:  # the first bracket (s = 1): 3 trials ranked at report 1
+        controller.add(trial)
+    assert [b.size for b in controller.placed()] == [3]
+    controller.add(trials[3])  # the bracket of s = 0
+    controller.starts(trials[0])  # (the first bracket's trials are first in line)
+    scheduler.on_trial_complete(controller, trials[3], {})  # ended, before the next arrives
+    controller.add(trials[4])
+    controller.add(trials[5])
+    assert [(b.size, list(b.members)) for b in controller.placed()] == [(3, ["a", "b", "c"]), (2, ["d", "e"]),
+                                                                         (3, ["f"])]
 
 
 def test_halving_ranks_its_bracket_only_once_every_trial_of_the_sweep_is_in_it():
     """3 trials, one at a time, a rung at the first report (factor 3). The first pauses at its
-    rung; the second errors before reporting. Tune would rank the bracket then, the paused
-    trial alone, and keep it. Halving waits for the third, ranks the two that reported, and
-    keeps ceil(2 / 3) = 1: the better, resumed; the third, worse, stops on its report."""
-    from types import SimpleNamespace
-
+    rung; the second errors before reporting. A bracket ranked then would keep the paused trial
+    alone. Halving waits for the third, ranks the two that reported, and keeps ceil(2 / 3) = 1:
+    the better, resumed; the third, worse, stops on its report. A trial paused at the rung holds
+    no slot: the generator may draw the next."""
     from ray.tune.experiment import Trial
 
-    from detsweep.sweeps.tuner import SuccessiveHalving, _PausableVariants
-
-    draws = _PausableVariants(max_concurrent=1)
-    trials = [Trial("__fake", stub=True, trial_id=name, config={}) for name in ("first", "errored", "third")]
-    controller = SimpleNamespace(search_alg=draws, get_trials=lambda: trials, stop_trial=None)
-    halving = SuccessiveHalving(1, 1, trials=3, first_rung=1, metric="eval/AP", mode="max", max_t=3, reduction_factor=3)
-    first, errored, third = trials
-
-    def arrives(trial: Trial) -> None:
-        halving.on_trial_add(controller, trial)
-        draws._live_trials.add(trial.trial_id)
-        trial.set_status(Trial.RUNNING)
-
-    arrives(first)
-    assert halving.on_trial_result(controller, first, {"step": 1, "eval/AP": 0.5}) == halving.PAUSE
-    first.set_status(Trial.PAUSED)
-    assert draws._live_trials == set()  # the generator may draw the next trial
-    arrives(errored)
+    scheduler = halving_of(3)
+    first, errored, third = stub_trials("first", "errored", "third")
+    controller = Controller(scheduler, [])
+    controller.add(first)
+    controller.starts(first)
+    assert controller.reports(first, 1, 0.5) == "PAUSE"
+    assert scheduler.holding_slots() == 0
+    controller.add(errored)
+    controller.starts(errored)
     errored.set_status(Trial.ERROR)
-    halving.on_trial_error(controller, errored)
-    draws.on_trial_complete(errored.trial_id, error=True)  # as Tune tells its search algorithm
-    [bracket] = halving._hyperbands[0]
-    assert not bracket.is_being_processed and not bracket.trials_to_unpause  # not ranked: the bracket is not whole
-    arrives(third)
-    assert halving.on_trial_result(controller, third, {"step": 1, "eval/AP": 0.1}) == halving.STOP
-    # the kept trial counts as live again; the third until Tune has stopped it
-    assert bracket.trials_to_unpause == {first} and draws._live_trials == {"first", "third"}
-    assert halving._trial_info[third][0] is bracket and len(halving._hyperbands[0]) == 1
+    scheduler.on_trial_error(controller, errored)
+    assert scheduler.choose_trial_to_run(controller) is None and scheduler.brackets[0].ranked == 0
+    controller.add(third)
+    controller.starts(third)
+    assert controller.reports(third, 1, 0.1) == "STOP"
+    assert scheduler.holding_slots() == 1  # the kept trial is owed its slot
+    controller.starts(first)
+    assert controller.reports(first, 2, 0.6) == "CONTINUE" and controller.reports(first, 3, 0.7) == "STOP"
+
+
+def test_paused_trials_go_on_one_at_a_time_within_the_bound_and_a_stopped_one_is_saved_terminated():
+    """4 trials, 1 at a time, factor 2, rungs at 1 and 2 reports: the first 3 pause at the first;
+    the last to report there is ranked with them at once: it and the worst stop, the best 2 go
+    on, one at a time. The one stopped while paused is written to the experiment state as it
+    leaves (still PAUSED there: TERMINATED right after)."""
+    scheduler = halving_of(4, max_concurrent=1, max_t=2, eta=2)
+    trials = stub_trials(*"abcd")
+    controller = Controller(scheduler, [])
+    for trial in trials:
+        controller.add(trial)
+    for trial, value in zip(trials, (0.1, 0.4, 0.3, 0.2)):
+        controller.starts(trial)
+        assert controller.reports(trial, 1, value) == ("PAUSE" if trial.trial_id != "d" else "STOP")
+    assert controller.saved == [("a", "PAUSED")]
+    assert [t.status for t in trials] == ["TERMINATED", "PAUSED", "PAUSED", "TERMINATED"]
+    controller.starts(trials[1])
+    assert scheduler.choose_trial_to_run(controller) is None  # one runs: the bound; c waits its turn
+    assert controller.reports(trials[1], 2, 0.5) == "PAUSE"  # at max_t, until c is there too
+    controller.starts(trials[2])
+    assert controller.reports(trials[2], 2, 0.6) == "STOP" and trials[1].status == "TERMINATED"
+
+
+def restored(names_and_states: list[tuple[str, str, int | None, float | None]]) -> list:
+    """Trials as Tune restores them: each with its status and last result (``None``: it never
+    reported), its unfinished ones PENDING, and in another order than they were created."""
+    from ray.tune.experiment import Trial
+
+    trials = stub_trials(*(name for name, *_ in names_and_states))
+    for trial, (_, status, step, value) in zip(trials, names_and_states):
+        if step is not None:
+            trial.update_last_result({"step": step, "eval/AP": value})
+        trial.set_status(status if status in (Trial.TERMINATED, Trial.ERROR) else Trial.PENDING)
+    return trials[::-1]
+
+
+def test_a_resumed_halving_sweep_rebuilds_its_bracket_and_trains_no_trial_past_an_unranked_rung():
+    """The driver died after the first rung's ranking (factor 2, rungs at 1, 2 and 4 reports): a
+    and b went on (a reached report 2 and paused, b trains toward it), c and d were stopped at
+    report 1. The new scheduler, handed the restored trials in another order, ranks nothing
+    again: it sets a (waiting at rung 2) and b back to PAUSED, chooses b only, and ranks rung 2
+    once b reaches it; c and d are never started."""
+    trials = restored([("a", "PAUSED", 2, 0.5), ("b", "RUNNING", 1, 0.4), ("c", "TERMINATED", 1, 0.3),
+                       ("d", "TERMINATED", 1, 0.2)])
+    scheduler = halving_of(4, max_concurrent=2, max_t=4, eta=2)
+    controller = Controller(scheduler, [])
+    for trial in trials:
+        controller.add(trial)
+    a, b = (next(t for t in trials if t.trial_id == name) for name in "ab")
+    assert (a.status, b.status) == ("PAUSED", "PAUSED")
+    controller.starts(b)
+    assert scheduler.brackets[0].ranked == 1 and scheduler.choose_trial_to_run(controller) is None
+    assert controller.reports(b, 2, 0.45) == "STOP"  # ranked at rung 2: a (0.5) goes on, b stops
+    controller.starts(a)
+    assert controller.reports(a, 3, 0.6) == "CONTINUE" and controller.reports(a, 4, 0.7) == "STOP"
+
+
+def test_a_resumed_sweep_whose_trials_all_wait_at_a_rung_ranks_it_once_and_stops_none_twice():
+    """The driver died while the trials were paused at the first rung, one of them not yet
+    ranked (factor 3: 3 trials, rungs 1 and 3). On resume none is started before the ranking,
+    which keeps the best; the two it stops while paused are written to the experiment state."""
+    trials = restored([("a", "PAUSED", 1, 0.2), ("b", "PAUSED", 1, 0.9), ("c", "RUNNING", 1, 0.5)])
+    scheduler = halving_of(3, max_concurrent=1)
+    controller = Controller(scheduler, [])
+    for trial in trials:
+        controller.add(trial)
+    assert {t.status for t in trials} == {"PAUSED"} and controller.placed()[0].ranked == 0
+    b = scheduler.choose_trial_to_run(controller)  # none runs: ranked now, once
+    assert b.trial_id == "b" and scheduler.brackets[0].ranked == 1
+    assert sorted(controller.saved) == [("a", "PAUSED"), ("c", "PAUSED")]
+    assert sorted(t.trial_id for t in trials if t.status == "TERMINATED") == ["a", "c"]
+
+
+def test_trials_are_placed_in_the_order_tune_created_them_whatever_order_they_arrive_in():
+    from detsweep.sweeps.rungs import hyperband
+
+    scheduler = hyperband(max_t=9, eta=3, every=1, max_concurrent=1, metric="eval/AP", mode="max", bohb=None)
+    trials = stub_trials(*(f"t{i}" for i in range(12)))
+    controller = Controller(scheduler, [])
+    for trial in reversed(trials):
+        controller.add(trial)
+    assert [list(b.members) for b in controller.placed()] == [[f"t{i}" for i in range(9)], ["t9", "t10", "t11"]]
 
 
 def test_the_replay_clock_lets_trials_report_in_step_order_however_late_they_ask():

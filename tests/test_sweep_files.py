@@ -235,49 +235,34 @@ def test_schedulers_that_can_act_are_accepted(write):
 
 def test_halving_builds_one_bracket_of_every_trial_with_its_rungs_at_reports_of_the_objective(write):
     """The demo's recording in numbers: 300 steps evaluated every 20 (15 reports), a first rung
-    at step 40 (2 reports) and a factor of 3: rungs at 2 and 6 reports, so a bracket of two
-    halvings, holding all 16 trials. The random generator lets paused trials go uncounted."""
-    from detsweep.sweeps.tuner import SuccessiveHalving, scheduler, searcher
+    at step 40 (2 reports) and a factor of 3: rungs at 2, 6 and 15 reports, one bracket holding
+    all 16 trials, drawn by a generator that the scheduler paces (2 at once)."""
+    from detsweep.sweeps.rungs import PacedVariants, Rungs
+    from detsweep.sweeps.tuner import search_and_scheduler
 
     path = sweep_file(write, "  num_samples: 16\n  scheduler: {type: halving, grace_period: 40, reduction_factor: 3}\n")
     sweep = load_sweep(path, ["base.train.num_steps=300", "base.train.eval_every=20", "base.train.checkpoint_every=20"])
-    halving, draws = scheduler(sweep, 2), searcher(sweep, 2)
-    assert isinstance(halving, SuccessiveHalving) and (halving._max_t_attr, halving._s_max_1, halving.every) == (15, 3, 20)
-    bracket = halving._create_bracket(halving._s_max_1 - 1)
-    assert (bracket._n0, bracket._r0, bracket._halves) == (16, 2, 2)
-    draws._live_trials.update({"a", "b"})
-    draws.searcher.on_pause("a")
-    assert draws._live_trials == {"b"} and draws.max_concurrent == 2
-
-
-def test_a_halving_sweep_is_refused_by_resume_in_one_line_before_ray_starts(write, tmp_path):
-    """Tune restores no scheduler state, and HyperBand's brackets fail on trials they did not
-    add (ray-project/ray#39900): the sweep folder's own file says halving, so resume says no."""
-    folder = tmp_path / "halving-sweep"
-    folder.mkdir()
-    (folder / "sweep.yaml").write_text(f"name: s\n{BASE}search:\n  scheduler: {{type: halving, grace_period: 200}}\n")
-    result = run_cli("resume", str(folder), cwd=tmp_path)
-    assert (result.returncode, result.stderr.strip()) == (2, (
-        f"detsweep: error: {folder}: search.scheduler.type: found 'halving', expected another to resume: Tune cannot "
-        "restore its bracket; launch the sweep again"))
+    draws, halving = search_and_scheduler(sweep, 2)
+    assert isinstance(halving, Rungs) and (halving.max_t, halving.every, halving.whole_sweep) == (15, 20, True)
+    assert halving.plan(0) == (16, [2, 6, 15])
+    assert isinstance(draws, PacedVariants) and (draws.scheduler, draws.pace) == (halving, 2)
 
 
 def test_bohb_with_hyperband_builds_tunes_objects_and_is_refused_in_one_line_where_it_is_not_installed(write):
     """``detsweep[bohb]`` is an extra: a machine without it (here hpbandster hidden from the
     import system) is told so by ``validate``, exit 2, before anything starts."""
-    from ray.tune.schedulers import HyperBandForBOHB
     from ray.tune.search.bohb import TuneBOHB
 
-    from detsweep.sweeps.tuner import scheduler, searcher
+    from detsweep.sweeps.rungs import Rungs
+    from detsweep.sweeps.tuner import search_and_scheduler
 
     path = sweep_file(write, "  algorithm: bohb\n  seed: 3\n  scheduler: {type: hyperband, reduction_factor: 4}\n")
     sweep = load_sweep(path)
-    bohb, hyperband = searcher(sweep, 2), scheduler(sweep, 2)
+    bohb, hyperband = search_and_scheduler(sweep, 2)
     assert isinstance(bohb, TuneBOHB) and (bohb._max_concurrent, bohb._seed) == (2, 3)
-    # time in reports of the metric: 600 steps, evaluated every 200
-    assert isinstance(hyperband, HyperBandForBOHB) and (hyperband._time_attr, hyperband._max_t_attr, hyperband._eta,
-                                                        hyperband.max_concurrent, hyperband.every) == (
-        "hyperband/reports", 3, 4, 2, 200)
+    # time in reports of the metric: 600 steps, evaluated every 200; BOHB hears its pauses
+    assert isinstance(hyperband, Rungs) and (hyperband.max_t, hyperband.eta, hyperband.max_concurrent, hyperband.every,
+                                             hyperband.bohb, hyperband.whole_sweep) == (3, 4, 2, 200, bohb, False)
     hidden = ("import sys; sys.modules['hpbandster'] = None; from detsweep.cli import main; "
               f"sys.exit(main(['validate', {path!r}]))")
     result = run_bounded([sys.executable, "-c", hidden], timeout=120)

@@ -198,6 +198,7 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(tmp_path):
     check_mlflow_runs(report, num_steps=30, every=5, eval_every=10)
 
 
+@pytest.mark.upgrade_check
 def test_bohb_ranks_paused_trials_stops_one_where_it_paused_and_resumes_the_other_from_its_checkpoint(tmp_path):
     """``algorithm: bohb``: HyperBand counts reports (3 here, one every 10 steps); with a factor
     of 3 its largest bracket ranks 3 trials at their first report, keeps 1 and trains it to the
@@ -233,7 +234,71 @@ def test_bohb_ranks_paused_trials_stops_one_where_it_paused_and_resumes_the_othe
     [restored] = client.get_metric_history(by_id[kept]["mlflow_run_id"], "restore/step")
     assert restored.value == 10  # went on from its checkpoint at step 10, not from step 0
     assert client.get_run(by_id[stopped]["mlflow_run_id"]).data.tags["early_stopped"] == "true"
-    again = run_cli("resume", report["path"], cwd=tmp_path)
-    assert (again.returncode, again.stderr.strip()) == (2, (
-        f"detsweep: error: {report['path']}: search.algorithm: found 'bohb', expected another to resume: Tune cannot "
-        "restore HyperBand's brackets; launch the sweep again"))
+    # resumed when finished: HyperBand's brackets rebuilt from the trials, nothing trains again
+    again = run_cli("resume", report["path"], "--json", "--no-register", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {t["trial_id"]: (t["status"], t["metrics"]["step"]) for t in json.loads(again.stdout)["trials"]} == {
+        kept: ("TERMINATED", 30), stopped: ("STOPPED", 10)}
+    assert {trial_id: [row["step"] for row in found] for trial_id, found in results_of(Path(report["path"])).items()} \
+        == {kept: [10, 20, 30], stopped: [10]}
+
+
+def saved_trials(experiment: Path) -> dict[str, tuple[str, int]]:
+    """Each trial's status and last step in Tune's saved experiment state (what a resume reads)."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        trials = ExperimentAnalysis(str(experiment)).trials
+    except (ValueError, FileNotFoundError, json.JSONDecodeError):  # not written yet, or mid-write
+        return {}
+    return {trial.trial_id: (trial.status, (trial.last_result or {}).get("step", 0)) for trial in trials}
+
+
+@pytest.mark.upgrade_check
+def test_a_halving_sweep_resumes_after_its_driver_died_with_trials_waiting_and_again_after_a_ranking(tmp_path):
+    """3 trials one at a time, halving at step 10 by 3, 30 steps. The driver is killed while two
+    trials wait, paused, at the rung (the third not yet there), and again once the rung was
+    ranked and the trial it kept trained past it. Each ``resume`` rebuilds the bracket from the
+    trials: the waiting trials are not started before the ranking, the rung is ranked once (two
+    trials stop at step 10, one trains to 30), and a trial stopped while paused never trains again."""
+    from .conftest import cli_environment, kill_session, wait_until
+
+    sweep = tiny_sweep(tmp_path, """
+  metric: train/loss
+  mode: min
+  algorithm: grid
+  num_samples: 1
+  max_concurrent_trials: 1
+  scheduler: {type: halving, grace_period: 10, reduction_factor: 3}
+  space:
+    optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02, 0.04]}
+""", num_steps=30, every=10)
+    experiment = tmp_path / "ray" / "tiny"
+
+    def killed_once(command: list[str], condition, what: str) -> dict[str, tuple[str, int]]:
+        driver = subprocess.Popen([sys.executable, "-m", "detsweep", *command], cwd=tmp_path, env=cli_environment(),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_until(lambda: condition(saved_trials(experiment)), 400, what)
+        finally:
+            kill_session(driver)
+            driver.wait()
+        return saved_trials(experiment)
+
+    waiting = killed_once(["launch", str(sweep)], lambda saved: sum(
+        state == ("PAUSED", 10) for state in saved.values()) >= 2, "two trials were not saved paused at the rung")
+    assert len(waiting) == 3 and not any(step > 10 for _, step in waiting.values()), waiting
+    ranked = killed_once(["resume", str(experiment)], lambda saved: any(step >= 20 for _, step in saved.values()),
+                         "no trial was saved past the rung after the first resume")
+    [kept] = [trial_id for trial_id, (_, step) in ranked.items() if step >= 20]
+    assert [state for trial_id, state in ranked.items() if trial_id != kept] == [("TERMINATED", 10)] * 2, ranked
+    finished = run_cli("resume", str(experiment), "--json", "--no-register", cwd=tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    report = json.loads(finished.stdout)
+    assert {t["trial_id"]: (t["status"], t["metrics"]["step"]) for t in report["trials"]} == {
+        trial_id: ("TERMINATED", 30) if trial_id == kept else ("STOPPED", 10) for trial_id in ranked}
+    rows = results_of(experiment)
+    assert {trial_id: [row["step"] for row in found] for trial_id, found in rows.items() if trial_id != kept} == {
+        trial_id: [10] for trial_id in ranked if trial_id != kept}  # stopped at the rung, never trained again
+    assert [row["step"] for row in rows[kept]][-1] == 30
+    check_mlflow_runs(report, num_steps=30, every=10, registered=False)  # every step once on each run

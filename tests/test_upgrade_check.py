@@ -1,18 +1,31 @@
 """``make upgrade-check``'s parts that decide (tools/upgrade_check.py), on small inputs: which
-bounds it lifts, which versions it reports as changed, which tests it reports as broken. No
-install: the real run is ``make upgrade-check`` itself."""
+bounds it lifts, what a ``--pin`` replaces and which versions it leaves constrained, which versions
+it reports as changed, which tests it reports as broken. No install (uv is replaced where it would
+run): the real run is ``make upgrade-check`` itself."""
 
 from __future__ import annotations
 
+import argparse
+import subprocess
 from pathlib import Path
 
+import pytest
+
+import tools.upgrade_check as upgrade_check
 from tools.upgrade_check import (
+    arguments,
+    check_pins,
     failures,
+    install,
     installed_requirements,
     lift_upper_bounds,
+    lock_constraints,
     marked_test_files,
     overrides,
+    parse_pin,
+    pinned_first,
     table,
+    tried,
     unchanged_watched,
     version_changes,
 )
@@ -83,3 +96,135 @@ def test_the_files_marked_module_wide_or_per_test_are_found(tmp_path: Path):
     (tmp_path / "helpers.py").write_text("import pytest\npytestmark = pytest.mark.upgrade_check\n")
     (tmp_path / "test_about.py").write_text('MARKED = "pytestmark = pytest.mark.upgrade_check"\n')  # named, not marked
     assert [path.name for path in marked_test_files(tmp_path)] == ["test_one.py", "test_whole.py"]
+
+
+PROJECT = {"name": "detsweep", "dependencies": ["ray[default,train,tune]>=2.60,<2.61", "protobuf>=7.36,<8",
+                                                 'numpy>=2.4,<3; python_version < "3.13"', "psutil>=7.2"],
+           "optional-dependencies": {"bohb": ["ConfigSpace>=1.2,<2"], "dev": ["detsweep[bohb]", "ruff>=0.17,<0.18"]}}
+
+
+def test_a_pin_replaces_its_package_requirement_in_place_keeping_its_extras():
+    requirements = installed_requirements(PROJECT, "dev")
+    assert overrides(requirements) == ["ray[default,train,tune]>=2.60", "protobuf>=7.36", 'numpy>=2.4; python_version < "3.13"',
+                                       "ruff>=0.17", "ConfigSpace>=1.2"]
+    assert overrides(requirements, [parse_pin("ray==2.59.*")]) == [
+        "ray[default,train,tune]==2.59.*", "protobuf>=7.36", 'numpy>=2.4; python_version < "3.13"', "ruff>=0.17",
+        "ConfigSpace>=1.2"]
+    # matched by canonical name; the pin's extras joined to pyproject's, pyproject's marker kept
+    assert overrides(requirements, [parse_pin("Ray[client]==2.62.0"), parse_pin("configspace==1.1.*"),
+                                    parse_pin("NumPy==2.3.*")]) == [
+        "Ray[client,default,train,tune]==2.62.0", "protobuf>=7.36", 'NumPy==2.3.*; python_version < "3.13"',
+        "ruff>=0.17", "configspace==1.1.*"]
+    # psutil has no bound to lift, grpcio is only another package's requirement: both overridden when pinned
+    assert overrides(requirements, [parse_pin("grpcio==1.80.*"), parse_pin("psutil==7.1.0")]) == [
+        "ray[default,train,tune]>=2.60", "protobuf>=7.36", 'numpy>=2.4; python_version < "3.13"', "psutil==7.1.0",
+        "ruff>=0.17", "ConfigSpace>=1.2", "grpcio==1.80.*"]
+
+
+LOCK = {"package": [{"name": "detsweep", "version": "0.1.0", "source": {"editable": "."}},
+                    {"name": "ray", "version": "2.60.0"}, {"name": "Keras_Hub", "version": "0.32.0"},
+                    {"name": "numpy", "version": "2.4.6"}, {"name": "grpcio", "version": "1.85.3"},
+                    {"name": "torch", "version": "2.9.0"}, {"name": "torch", "version": "2.9.0+cpu"},
+                    {"name": "virtual-thing"}]}
+
+
+def test_the_constraints_are_uv_locks_versions_but_the_pinned_packages_and_the_project():
+    assert lock_constraints(LOCK, [], "detsweep") == ["grpcio==1.85.3", "keras-hub==0.32.0", "numpy==2.4.6",
+                                                      "ray==2.60.0"]  # torch: two versions, none constrains it
+    assert lock_constraints(LOCK, ["Ray", "keras.hub"], "DetSweep") == ["grpcio==1.85.3", "numpy==2.4.6"]
+
+
+def test_a_pin_that_cannot_be_tried_is_refused():
+    assert arguments([]).pin == []
+    assert [str(pin) for pin in arguments(["--pin", "ray==2.59.*", "--pin", "numpy==2.3.*"]).pin] == [
+        "ray==2.59.*", "numpy==2.3.*"]
+    for wrong in ("ray", "ray[default]", "ray==", "==2.59"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_pin(wrong)
+    url = "ray @ https://example.org/ray-2.59.0-py3-none-any.whl"  # a URL is a version to try too
+    assert overrides(["ray[tune]>=2.60,<2.61"], [parse_pin(url)]) == [url.replace("ray", "ray[tune]", 1)]
+    requirements, locked = installed_requirements(PROJECT, "dev"), {"ray": "2.60.0", "grpcio": "1.85.3"}
+
+    def check(*pins: str) -> str | None:
+        return check_pins([parse_pin(pin) for pin in pins], requirements, locked, "detsweep")
+
+    assert check("ray==2.59.*", "grpcio==1.80.*", "configspace==1.1.*") is None
+    assert check("ray==2.59.*", "Ray>=2.58") == "ray is pinned more than once"
+    assert check("DetSweep==0.0.1") == "detsweep is the project itself"
+    assert "not a package detsweep installs" in check("torch==2.9.*")
+
+
+def test_the_lines_name_the_pins_and_list_them_first():
+    assert tried([]) == "the newest versions"
+    pins = [parse_pin("ray==2.59.*"), parse_pin("NumPy==2.3.*")]
+    assert tried(pins) == "ray==2.59.*, NumPy==2.3.* and uv.lock's other versions"
+    assert tried(pins, constrained=False) == "ray==2.59.*, NumPy==2.3.* and the newest other versions"
+    assert pinned_first(pins, watched=["ray", "tensorflow", "numpy"]) == ["ray", "numpy", "tensorflow"]
+    assert pinned_first([], watched=["ray", "Keras_Hub"]) == ["ray", "keras-hub"]
+
+
+class FakeUv:
+    """uv, replaced: records each command and fails the first ``fail`` ``pip install``s."""
+
+    def __init__(self, fail: int = 0):
+        self.commands: list[list[str]] = []
+        self.fail = fail
+
+    def __call__(self, *args: str, log: Path) -> subprocess.CompletedProcess:
+        self.commands.append(list(args))
+        failed = args[:2] == ("pip", "install") and self.fail > 0
+        self.fail -= failed
+        stderr = "  ╰─▶ Because ray==2.59.0 depends on grpcio<1.80 and you require grpcio==1.85.3, …\n" if failed else ""
+        return subprocess.CompletedProcess(args, 1 if failed else 0, "", stderr)
+
+    def installs(self) -> list[list[str]]:
+        return [command for command in self.commands if command[:2] == ["pip", "install"]]
+
+
+@pytest.fixture
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(upgrade_check, "SCRATCH", tmp_path)
+    return tmp_path
+
+
+def test_without_a_pin_everything_is_upgraded_unconstrained(scratch: Path, monkeypatch: pytest.MonkeyPatch):
+    fake = FakeUv()
+    monkeypatch.setattr(upgrade_check, "uv", fake)
+    assert install(PROJECT, LOCK, []) == (None, False)
+    [command] = fake.installs()
+    assert "--upgrade" in command and "--constraints" not in command
+    assert not (scratch / "constraints.txt").exists()
+    assert "ray[default,train,tune]>=2.60\n" in (scratch / "overrides.txt").read_text()
+
+
+def test_a_pin_installs_with_uv_locks_other_versions_as_constraints(scratch: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture):
+    fake = FakeUv()
+    monkeypatch.setattr(upgrade_check, "uv", fake)
+    assert install(PROJECT, LOCK, [parse_pin("ray==2.59.*")]) == (None, True)
+    [command] = fake.installs()
+    assert "--upgrade" not in command
+    assert command[command.index("--constraints") + 1] == str(scratch / "constraints.txt")
+    assert (scratch / "constraints.txt").read_text() == "grpcio==1.85.3\nkeras-hub==0.32.0\nnumpy==2.4.6\n"
+    assert (scratch / "overrides.txt").read_text().splitlines()[0] == "ray[default,train,tune]==2.59.*"
+    out = capsys.readouterr().out
+    assert "upgrade-check: pinned: ray[default,train,tune]==2.59.*\n" in out
+    assert "lifted: protobuf>=7.36," in out
+
+
+def test_a_pin_that_does_not_install_with_uv_locks_versions_is_tried_without_them(
+        scratch: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    fake = FakeUv(fail=1)
+    monkeypatch.setattr(upgrade_check, "uv", fake)
+    assert install(PROJECT, LOCK, [parse_pin("ray==2.59.*")]) == (None, False)
+    first, second = fake.installs()
+    assert "--constraints" in first and "--constraints" not in second and "--upgrade" not in second
+    assert [command[0] for command in fake.commands] == ["venv", "pip", "venv", "pip"]  # a new environment each time
+    said = [line for line in capsys.readouterr().out.splitlines() if "did not install" in line]
+    assert said == ["upgrade-check: ray==2.59.* did not install with uv.lock's other versions (╰─▶ Because ray==2.59.0 "
+                    "depends on grpcio<1.80 and you require grpcio==1.85.3, …); trying again without them: the other "
+                    "packages get the newest versions that install with the pins"]
+    fake = FakeUv(fail=2)
+    monkeypatch.setattr(upgrade_check, "uv", fake)
+    assert install(PROJECT, LOCK, [parse_pin("ray==2.59.*")]) == (
+        "╰─▶ Because ray==2.59.0 depends on grpcio<1.80 and you require grpcio==1.85.3, …", False)

@@ -9,24 +9,42 @@ and the repo's own environment is left as uv.lock made it. "Newest" is what uv r
 pre-releases, and a release that cannot be installed with the rest (an ``mlflow`` whose
 ``mlflow-skinny`` is not served yet) is passed over for the newest one that can, unreported.
 
+``--pin REQUIREMENT`` (repeatable; ``make upgrade-check PIN='ray==2.59.*'`` passes one) tries a
+chosen version instead of the newest: ``python tools/upgrade_check.py --pin 'ray==2.59.*'``
+(quoted: the shell would expand the ``*``). The pin replaces that package's requirement, matched
+by its canonical name, in the overrides, keeping the extras and marker pyproject.toml gives it
+(``ray[default,train,tune]==2.59.*`` for ``ray[default,train,tune]>=2.60,<2.61``); a package
+detsweep only installs through another's requirements can be pinned too (the pin then replaces
+every requirement on it), one that uv.lock does not hold either cannot. Every other package keeps
+uv.lock's version: nothing is upgraded, and uv.lock's versions of all but the pinned packages are
+installed as constraints (``constraints.txt``), so that only the pins move. When the pinned
+version requires something else than uv.lock holds, that fails; the install is then tried again
+without the constraints, saying so in one line, and the other packages get the newest versions
+that install with the pins (the table shows which moved).
+
 How to read what it prints, every line starting ``upgrade-check:``:
 
+- with ``--pin``, a line with the pinned requirements, and one more if uv.lock's other versions
+  did not install with them;
 - a table of the packages whose version differs from uv.lock's (``-`` in the uv.lock column: a
-  package uv.lock does not have), the ones detsweep leans on first, then a line naming those of
-  them that did not change;
+  package uv.lock does not have), the pinned and then the ones detsweep leans on first, its title
+  naming the pins, then a line naming those of them that did not change;
 - ``FAILED <test>: <its error>`` for each test that failed (``ERROR`` when its set-up did, as
   pytest says), the error being the last ``SomethingError: …`` line of pytest's report (the
   tests put a subprocess's stderr into their assertions, whose first line is mostly a warning),
   else its message's first line; or one ``FAILED install: …`` line with uv's last line when
-  the newest versions could not be installed together;
-- a closing line with the counts and the logs to read (``install.log``, ``tests.log``).
+  the newest (or the pinned) versions could not be installed together;
+- a closing line with the counts, the versions tried (the pins, and whether the other packages
+  were at uv.lock's or the newest versions) and the logs to read (``install.log``, ``tests.log``).
 
-The exit code is 1 when anything failed, 0 otherwise. Only the standard library and
-``packaging`` are used: the repo's venv runs it, before anything else is installed.
+The exit code is 1 when anything failed, 0 otherwise (2 for a ``--pin`` it cannot try). Only the
+standard library and ``packaging`` are used: the repo's venv runs it, before anything else is
+installed.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -35,9 +53,10 @@ import subprocess
 import sys
 import tomllib
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import Specifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
@@ -95,12 +114,88 @@ def installed_requirements(project: dict, extra: str) -> list[str]:
     return found
 
 
-def overrides(requirements: list[str]) -> list[str]:
+def overrides(requirements: list[str], pins: Sequence[Requirement] = ()) -> list[str]:
     """The lifted form of each requirement that has a bound to lift. The others stay out: an
     override replaces every package's requirement on that name, so overriding ``protobuf>=4.25``
     would also drop TensorFlow's own upper bound on protobuf, and report as broken a version
-    no release of TensorFlow accepts."""
-    return [lifted for requirement in requirements if (lifted := lift_upper_bounds(requirement)) != str(Requirement(requirement))]
+    no release of TensorFlow accepts. A pinned package's requirements are replaced by its pin
+    (``pinned``), in the place of the first, or at the end when no requirement names it."""
+    pinned = {canonicalize_name(pin.name): pin for pin in pins}
+    lines, placed = [], set()
+    for requirement in requirements:
+        name = canonicalize_name(Requirement(requirement).name)
+        if name in pinned:
+            if name not in placed:
+                lines.append(pin_requirement(pinned[name], requirements))
+                placed.add(name)
+        elif (lifted := lift_upper_bounds(requirement)) != str(Requirement(requirement)):
+            lines.append(lifted)
+    return lines + [pin_requirement(pin, requirements) for name, pin in pinned.items() if name not in placed]
+
+
+def pin_requirement(pin: Requirement, requirements: list[str]) -> str:
+    """``pin`` with the extras of ``requirements``' on the same package (matched by canonical
+    name) added to its own, and their marker when it has none: what replaces them."""
+    name = canonicalize_name(pin.name)
+    same = [parsed for parsed in map(Requirement, requirements) if canonicalize_name(parsed.name) == name]
+    replacement = Requirement(str(pin))
+    replacement.extras = set(pin.extras).union(*(parsed.extras for parsed in same))
+    if replacement.marker is None and same:
+        replacement.marker = same[0].marker
+    return str(replacement)
+
+
+def parse_pin(text: str) -> Requirement:
+    """A ``--pin``: a requirement with a version (``ray==2.59.*``) or a URL."""
+    try:
+        pin = Requirement(text)
+    except InvalidRequirement as error:
+        raise argparse.ArgumentTypeError(f"not a requirement: {text!r} ({error})") from None
+    if not pin.specifier and not pin.url:
+        raise argparse.ArgumentTypeError(f"{text!r} names no version to try (like 'ray==2.59.*')")
+    return pin
+
+
+def check_pins(pins: list[Requirement], requirements: list[str], locked: dict[str, str], project: str) -> str | None:
+    """What is wrong with ``pins``, or None: a package pinned twice, the project itself, or one
+    that neither a requirement nor uv.lock names (an override on it would be silently unused)."""
+    names = [canonicalize_name(pin.name) for pin in pins]
+    known = {canonicalize_name(Requirement(requirement).name) for requirement in requirements} | set(locked)
+    for name in names:
+        if names.count(name) > 1:
+            return f"{name} is pinned more than once"
+        if name == canonicalize_name(project):
+            return f"{name} is the project itself"
+        if name not in known:
+            return f"{name} is not a package detsweep installs (not in pyproject.toml's requirements nor uv.lock)"
+    return None
+
+
+def lock_constraints(lock: dict, leave_out: list[str], project: str) -> list[str]:
+    """``name==version`` for each package of a parsed uv.lock but the project and the ``leave_out``
+    ones (the pinned: they may move), sorted; a package uv.lock holds at several versions (one per
+    platform) is left out too, as no one version can constrain it."""
+    versions: dict[str, set[str]] = {}
+    for package in lock.get("package", []):
+        if "version" in package:
+            versions.setdefault(canonicalize_name(package["name"]), set()).add(package["version"])
+    skip = {canonicalize_name(name) for name in [*leave_out, project]}
+    return [f"{name}=={next(iter(found))}" for name, found in sorted(versions.items())
+            if name not in skip and len(found) == 1]
+
+
+def pinned_first(pins: Sequence[Requirement], watched: list[str] = WATCHED) -> list[str]:
+    """The pinned packages, then the ``watched`` ones that are not pinned: the table's order."""
+    return list(dict.fromkeys(canonicalize_name(name) for name in [*(pin.name for pin in pins), *watched]))
+
+
+def tried(pins: list[Requirement], constrained: bool = True) -> str:
+    """The versions a run tried, for its lines: ``the newest versions``, or the pins and whether
+    the rest were uv.lock's versions or the newest that install with them."""
+    if not pins:
+        return "the newest versions"
+    rest = "uv.lock's" if constrained else "the newest"
+    return f"{', '.join(map(str, pins))} and {rest} other versions"
 
 
 # -- what changed ------------------------------------------------------------------------------
@@ -211,20 +306,41 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def install_newest(project: dict) -> str | None:
+def install(project: dict, lock: dict, pins: list[Requirement]) -> tuple[str | None, bool]:
     """A new scratch environment with detsweep and the newest versions its lifted requirements
-    allow; None, or uv's last line when it could not."""
+    allow, or with ``pins`` and uv.lock's versions of the rest (without them when they do not
+    install together). None, or uv's last line when it could not; and whether uv.lock's versions
+    constrained the rest."""
     log = SCRATCH / "install.log"
     log.write_text("")
-    lifted = overrides(installed_requirements(project, EXTRA))
-    (SCRATCH / "overrides.txt").write_text("".join(f"{line}\n" for line in lifted))
-    say(f"lifted: {', '.join(lifted) or 'nothing'}")
+    requirements = installed_requirements(project, EXTRA)
+    lines = overrides(requirements, pins)
+    (SCRATCH / "overrides.txt").write_text("".join(f"{line}\n" for line in lines))
+    pinned = {canonicalize_name(pin.name) for pin in pins}
+    say(f"lifted: {', '.join(line for line in lines if canonicalize_name(Requirement(line).name) not in pinned) or 'nothing'}")
+    constraints = SCRATCH / "constraints.txt"
+    constraints.unlink(missing_ok=True)
+    if not pins:
+        return install_with(log, "--upgrade"), False
+    say(f"pinned: {', '.join(line for line in lines if canonicalize_name(Requirement(line).name) in pinned)}")
+    constraints.write_text("".join(f"{line}\n" for line in lock_constraints(lock, list(pinned), project["name"])))
+    broken = install_with(log, "--constraints", str(constraints))
+    if not broken:
+        return None, True
+    say(f"{', '.join(map(str, pins))} did not install with uv.lock's other versions ({broken}); trying again "
+        f"without them: the other packages get the newest versions that install with the pins")
+    return install_with(log), False
+
+
+def install_with(log: Path, *options: str) -> str | None:
+    """detsweep ``-e '.[dev]'`` with overrides.txt and ``options`` into a new scratch environment;
+    None, or uv's last line when it could not."""
     made = uv("venv", "--clear", "--python", str(VENV / "bin" / "python"), str(ENV), log=log)
     if made.returncode != 0:
         return last_line(made.stderr)
     # Bytecode as make test has it: Python may not write its own here, and every trial's
     # process would compile TensorFlow again.
-    installed = uv("pip", "install", "--upgrade", "--compile-bytecode", "--python", str(PYTHON),
+    installed = uv("pip", "install", *options, "--compile-bytecode", "--python", str(PYTHON),
                    "--overrides", str(SCRATCH / "overrides.txt"), "-e", f".[{EXTRA}]", log=log)
     return None if installed.returncode == 0 else last_line(installed.stderr)
 
@@ -234,21 +350,21 @@ def installed_versions() -> dict[str, str]:
     return {package["name"]: package["version"] for package in json.loads(listed.stdout)}
 
 
-def report_versions() -> None:
-    locked = locked_versions(tomllib.loads((REPO / "uv.lock").read_text()))
+def report_versions(lock: dict, project: str, pins: list[Requirement]) -> None:
+    locked = locked_versions(lock)
     installed = {canonicalize_name(name): version for name, version in installed_versions().items()}
-    installed.pop(canonicalize_name(project_name()), None)
-    rows = version_changes(locked, installed)
-    say(f"versions that differ from uv.lock ({len(rows)}):" if rows else "every package is at uv.lock's version")
+    installed.pop(canonicalize_name(project), None)
+    # The pinned packages first, in the table or the unchanged line: what was tried.
+    watched = pinned_first(pins)
+    rows = version_changes(locked, installed, watched)
+    pinned = f" with {', '.join(map(str, pins))}" if pins else ""
+    say(f"versions that differ from uv.lock{pinned} ({len(rows)}):" if rows
+        else f"every package is at uv.lock's version{pinned}")
     for line in table(rows) if rows else []:
         say(f"  {line}")
-    same = unchanged_watched(locked, installed)
+    same = unchanged_watched(locked, installed, watched)
     if same:
         say(f"unchanged: {', '.join(same)}")
-
-
-def project_name() -> str:
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
 
 
 def run_marked_tests() -> tuple[list[str], dict[str, int] | None]:
@@ -277,16 +393,32 @@ def run_marked_tests() -> tuple[list[str], dict[str, int] | None]:
     return lines, counts(xml)
 
 
-def main() -> int:
-    SCRATCH.mkdir(parents=True, exist_ok=True)
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="tools/upgrade_check.py", description="Run the upgrade_check tests on the newest versions, "
+        "bounds lifted, or on pinned versions with uv.lock's for the rest (the module's docstring says more).")
+    parser.add_argument("--pin", action="append", default=[], type=parse_pin, metavar="REQUIREMENT",
+                        help="try this version instead of the newest, the other packages at uv.lock's versions, "
+                        "e.g. --pin 'ray==2.59.*' (repeatable)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    pins = arguments(argv).pin
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    say(f"installing the newest versions into {ENV.relative_to(REPO)} (log: {SCRATCH / 'install.log'})")
-    broken = install_newest(project)
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    wrong = check_pins(pins, installed_requirements(project, EXTRA), locked_versions(lock), project["name"])
+    if wrong:
+        say(f"--pin: {wrong}")
+        return 2
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    say(f"installing {tried(pins)} into {ENV.relative_to(REPO)} (log: {SCRATCH / 'install.log'})")
+    broken, constrained = install(project, lock, pins)
     if broken:
         say(f"FAILED install: {broken}")
-        say(f"1 failed: the newest versions could not be installed (log: {SCRATCH / 'install.log'})")
+        say(f"1 failed: {tried(pins, constrained)} could not be installed (log: {SCRATCH / 'install.log'})")
         return 1
-    report_versions()
+    report_versions(lock, project["name"], pins)
     lines, numbers = run_marked_tests()
     for line in lines:
         say(line)
@@ -296,7 +428,7 @@ def main() -> int:
     else:
         summary = f"{len(lines)} failed"
     verdict = "something broke" if lines else "nothing broke"
-    say(f"{summary}: {verdict} on the newest versions (log: {SCRATCH / 'tests.log'})")
+    say(f"{summary}: {verdict} on {tried(pins, constrained)} (log: {SCRATCH / 'tests.log'})")
     return 1 if lines else 0
 
 

@@ -1,6 +1,8 @@
-"""Ray's undocumented parts (Ray 2.60) that detsweep relies on, outside the schedulers
-(``sweeps/tuner.py``): Ray Train's settings that only environment variables set, the head node's
-own resource, and Tune's result loggers kept from losing rows when a trial starts again.
+"""Ray's undocumented parts (Ray 2.60) that detsweep relies on: Ray Train's settings that only
+environment variables set, the head node's own resource, Tune's result loggers kept from losing
+rows when a trial starts again, and what detsweep's schedulers (``sweeps/rungs.py``) need beyond
+Tune's scheduler interface: the order Tune created its trials in, the budget TuneBOHB learns
+from, and a trial stopped while paused written to the experiment's saved state.
 
 Nothing here imports Ray when this module is imported: ``detsweep.cluster`` uses it before any
 command has decided to start Ray.
@@ -12,7 +14,8 @@ import functools
 import os
 from pathlib import Path
 
-__all__ = ["HEAD_NODE_RESOURCE", "POLL_INTERVAL", "result_files", "train_environment"]
+__all__ = ["HEAD_NODE_RESOURCE", "POLL_INTERVAL", "bohb_budget", "creation_order", "result_files",
+           "save_stopped_trial", "train_environment"]
 
 # Ray's own resource of the head node (every Ray cluster has it, 1 unit): a task asking a
 # fraction of it runs on the head.
@@ -77,3 +80,26 @@ def _result_loggers() -> tuple[type, type]:
         """``progress.csv``, as Tune writes it, without losing rows to a restart."""
 
     return JsonResults, CsvProgress
+
+
+def creation_order(trial) -> int:
+    """The how-many-th trial Tune created ``trial`` as: its experiment tag starts with that count
+    (``3_lr=0.01``, for its random and grid generator and for every searcher alike); 0 for a
+    trial whose tag does not (one made by hand)."""
+    first = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
+    return int(first) if first.isdigit() else 0
+
+
+def bohb_budget(result: dict, budget: int | None) -> None:
+    """Mark a result for TuneBOHB, in place: it learns only from results whose ``hyperband_info``
+    holds the budget (the rung) they were ranked at, and warns at any result without the key."""
+    result["hyperband_info"] = {} if budget is None else {"budget": budget}
+
+
+def save_stopped_trial(tune_controller, trial) -> None:
+    """Have Tune write ``trial`` (being stopped while paused) to the experiment's saved state.
+    Tune (2.60) marks a trial for the next save only on its actor's events, and a paused trial
+    has none: the state would keep it PAUSED, an unfinished trial in a finished sweep, which a
+    resume would train again. The controller a scheduler is handed wraps the real one."""
+    controller = getattr(tune_controller, "_tune_controller", tune_controller)
+    controller._mark_trial_to_checkpoint(trial)

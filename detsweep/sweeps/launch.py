@@ -217,14 +217,6 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
     from .tuner import trainable
 
     path, sweep = find_experiment(name_or_path)
-    # Tune keeps no scheduler state, and its HyperBandForBOHB (halving's too) fails on trials it
-    # did not add itself (ray-project/ray#39900): refused here, not minutes into a restore.
-    if sweep.search.algorithm == "bohb":
-        raise DetsweepError(f"{name_or_path}: search.algorithm: found 'bohb', expected another to resume: Tune cannot "
-                            "restore HyperBand's brackets; launch the sweep again")
-    if sweep.search.scheduler.type == "halving":
-        raise DetsweepError(f"{name_or_path}: search.scheduler.type: found 'halving', expected another to resume: Tune "
-                            "cannot restore its bracket; launch the sweep again")
     if not tune.Tuner.can_restore(path):
         raise DetsweepError(f"{name_or_path}: {path} holds no Tune experiment state to resume from")
     given = configured(sweep, cluster_config)
