@@ -434,6 +434,30 @@ def test_a_bracket_fills_as_trials_arrive_though_its_first_trials_ended():
                                                                          (3, ["f"])]
 
 
+def test_hyperband_keeps_every_trial_left_when_fewer_live_than_it_plans_to_keep():
+    """A bracket of 9 (max_t 9, factor 3) plans to keep 3 at its first rung; 7 of its trials
+    errored before it, so the 2 that reported both go on."""
+    from ray.tune.experiment import Trial
+
+    from detsweep.sweeps.rungs import hyperband
+
+    scheduler = hyperband(max_t=9, eta=3, every=1, max_concurrent=1, metric="eval/AP", mode="max", bohb=None)
+    trials = stub_trials(*(f"t{i}" for i in range(9)))
+    controller = Controller(scheduler, [])
+    for trial in trials:
+        controller.add(trial)
+    for trial in trials[2:]:
+        controller.starts(trial)
+        trial.set_status(Trial.ERROR)
+        scheduler.on_trial_error(controller, trial)
+    controller.starts(trials[0])
+    assert controller.reports(trials[0], 1, 0.2) == "PAUSE"
+    controller.starts(trials[1])
+    assert controller.reports(trials[1], 1, 0.9) == "CONTINUE"
+    assert scheduler.choose_trial_to_run(controller) is None  # one runs: the bound
+    assert trials[0].status == "PAUSED" and not scheduler.brackets[0].waiting(scheduler.brackets[0].members["t0"])
+
+
 def test_halving_ranks_its_bracket_only_once_every_trial_of_the_sweep_is_in_it():
     """3 trials, one at a time, a rung at the first report (factor 3). The first pauses at its
     rung; the second errors before reporting. A bracket ranked then would keep the paused trial

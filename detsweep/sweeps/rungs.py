@@ -257,8 +257,8 @@ class Rungs(TrialScheduler):
                     decision = self._stop(tune_controller, member, current) or decision
                 return decision
             ordered = sorted(live, key=self._score)
-            keep = self._keep(bracket, len(live))
-            good, bad = ordered[len(ordered) - keep:] if keep else [], ordered[:len(ordered) - keep]
+            keep = min(self._keep(bracket, len(live)), len(ordered))
+            good, bad = ordered[len(ordered) - keep:], ordered[:len(ordered) - keep]
             bracket.ranked += 1  # first: stopping a paused trial calls back into on_trial_remove
             for member in bad:
                 decision = self._stop(tune_controller, member, current) or decision
