@@ -458,6 +458,25 @@ def test_hyperband_keeps_every_trial_left_when_fewer_live_than_it_plans_to_keep(
     assert trials[0].status == "PAUSED" and not scheduler.brackets[0].waiting(scheduler.brackets[0].members["t0"])
 
 
+def test_a_trial_ranked_out_while_its_pause_is_still_saving_is_stopped():
+    """a and b pause at the rung, b still saving its checkpoint (RUNNING, saving) when c errors
+    and the bracket is ranked: b, the worse, is stopped all the same, not left to pause for good."""
+    from ray.tune.experiment import Trial
+
+    scheduler = halving_of(3, max_concurrent=None)
+    a, b, c = stub_trials("a", "b", "c")
+    controller = Controller(scheduler, [])
+    for trial in (a, b, c):
+        controller.add(trial)
+        controller.starts(trial)
+    assert controller.reports(a, 1, 0.9) == "PAUSE"
+    assert scheduler.on_trial_result(controller, b, {"step": 1, "eval/AP": 0.1}) == "PAUSE"
+    b.temporary_state.saving_to = object()  # Tune saves b's checkpoint before it is PAUSED
+    c.set_status(Trial.ERROR)
+    scheduler.on_trial_error(controller, c)
+    assert (a.status, b.status) == ("PAUSED", "TERMINATED")
+
+
 def test_halving_ranks_its_bracket_only_once_every_trial_of_the_sweep_is_in_it():
     """3 trials, one at a time, a rung at the first report (factor 3). The first pauses at its
     rung; the second errors before reporting. A bracket ranked then would keep the paused trial

@@ -276,7 +276,7 @@ class Rungs(TrialScheduler):
         member.ended = True
         if member.trial is current:
             return self.STOP
-        if member.trial.status == Trial.PAUSED:
+        if member.trial.status == Trial.PAUSED or member.trial.is_saving:  # paused, or pausing (its checkpoint)
             tune_controller.stop_trial(member.trial)
         return None
 
