@@ -156,15 +156,23 @@ def curves_file(write, paths=(LR,)) -> str:
     return str(write("curves.json", json.dumps({"recorded": "by hand", "paths": list(paths), "trials": trials})))
 
 
-def test_replay_spends_the_steps_a_hand_computation_gives_and_returns_that_trial(write, tmp_path):
+def replayed(write, sweep, *overrides: str, seeds: int = 1) -> dict:
+    """What ``detsweep replay --json --seeds … --set …`` prints of ``sweep`` on the hand-made curves, run
+    in this process on the module's cluster (the command's own run is checked once above)."""
+    from detsweep.sweeps.replay import load_curves, replay
+
+    sweep = load_sweep(sweep.path, overrides)
+    return json.loads(json.dumps(replay(sweep, load_curves(curves_file(write), sweep), seeds)))
+
+
+def test_replay_spends_the_steps_a_hand_computation_gives_and_returns_that_trial(local_cluster, write, tmp_path):
     """ASHA on the loss, one trial at a time in grid order: 0.01 passes every rung, the others
     stop at step 10 (each loses more than all before it): 40 + 3 x 10 = 70 of FIFO's 160 steps.
     The sweep returns the best last AP, 0.08's 0.5 at step 10, whose full-budget AP is 0.5: a
     regret of 0.1 against 0.02's 0.6. 0.08 first reported when 40 + 10 + 10 steps were spent."""
     sweep = sweep_with(write, tmp_path, ASHA_ON_THE_LOSS)
-    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    with connected_to(local_cluster):
+        report = replayed(write, sweep)
     [run] = report["runs"]
     assert (run["steps"], run["fifo_steps"], run["share_of_fifo"]) == (70, 160, pytest.approx(70 / 160))
     assert (run["returned"], run["regret"], report["best_recorded"]) == (0.5, pytest.approx(0.1), 0.6)
@@ -176,6 +184,7 @@ def test_replay_spends_the_steps_a_hand_computation_gives_and_returns_that_trial
     signal = report["early_signal"]
     assert signal["eval/AP_best"] == pytest.approx({"10": 0.4, "20": 0.5 / 22.5 ** 0.5, "30": 3 / 22.5 ** 0.5, "40": 1.0})
     assert signal["train/loss"] == pytest.approx({"10": 0.0, "20": 0.0, "30": 0.0, "40": 0.0})
+    # the command itself, once: what it prints
     shown = run_cli("replay", curves_file(write), str(sweep.path), "--signal", "--set", "search.scheduler.type=fifo",
                     "--set", "search.scheduler.metric=null", "--set", "search.scheduler.mode=null", timeout=300)
     assert shown.returncode == 0, shown.stderr[-3000:]  # FIFO: every step, and the best at the end
@@ -239,14 +248,7 @@ def bohb_on_the_rate(num_samples: int, factor: int) -> str:
 """
 
 
-def replayed(write, sweep, *options: str) -> dict:
-    """``detsweep replay --json`` of ``sweep`` on the hand-made curves: its report."""
-    result = run_cli("replay", curves_file(write), str(sweep.path), "--json", *options, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
-
-
-def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_they_paused(write, tmp_path):
+def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_they_paused(ray_driver, write, tmp_path):
     """BOHB's HyperBand counts reports (one every 10 steps here, 4 in all): with a factor of 2
     its largest bracket takes these 4 trials and ranks them at 1, 2 and 4 reports. Each waits,
     paused, at steps 10 and 20 for the others, and the better half goes on from its checkpoint
@@ -263,7 +265,7 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
 
 
 def test_halving_replay_ranks_every_trial_at_its_rung_before_any_goes_on_and_spends_what_a_hand_count_gives(
-        write, tmp_path):
+        ray_driver, write, tmp_path):
     """Synchronous halving on the val loss while the objective is AP, one trial at a time in grid
     order, its only rung at step 20 (factor 3: the next, 60, lies past the budget of 40). All 4
     pause there; ranked on the loss, 0.01 and 0.02 (ceil(4 / 3) = 2) go on from their
@@ -281,7 +283,7 @@ def test_halving_replay_ranks_every_trial_at_its_rung_before_any_goes_on_and_spe
     [run] = report["runs"]
     assert run["trials"] == 4 and run["resumed"] == 2 and run["reported_twice"] == 0, run
     assert (run["steps"], run["fifo_steps"], run["returned"], run["regret"]) == (120, 160, 0.6, 0), run
-    [on_ap] = replayed(write, sweep, "--set", "search.scheduler.metric=null", "--set", "search.scheduler.mode=null")["runs"]
+    [on_ap] = replayed(write, sweep, "search.scheduler.metric=null", "search.scheduler.mode=null")["runs"]
     assert (on_ap["steps"], on_ap["returned"]) == (120, 0.5), on_ap
 
 
@@ -306,7 +308,7 @@ def test_bohbs_model_learns_from_the_results_hyperband_ranks(ray_driver, write, 
     assert set(bohb.bohber.kde_models) == {1, 4}  # its densities, fitted on them (statsmodels' KDE)
 
 
-def test_bohbs_survivors_train_to_max_t_where_it_is_no_power_of_the_factor(write, tmp_path):
+def test_bohbs_survivors_train_to_max_t_where_it_is_no_power_of_the_factor(ray_driver, write, tmp_path):
     """4 reports and a factor of 3: HyperBand's largest bracket takes 3 trials and ranks them
     at their first report. Tune's own would then train the one it keeps to report 3 (the first
     rung, rounded down from 4/3, times 3); it trains to the last, step 40: 3 × 10 + 30 steps."""
@@ -315,7 +317,7 @@ def test_bohbs_survivors_train_to_max_t_where_it_is_no_power_of_the_factor(write
     assert (run["trials"], run["steps"], run["reported_twice"]) == (3, 60, 0), run
 
 
-def test_a_replay_reports_where_the_sweep_evaluates_not_at_every_recorded_step(write, tmp_path):
+def test_a_replay_reports_where_the_sweep_evaluates_not_at_every_recorded_step(ray_driver, write, tmp_path):
     """Curves recorded every 10 steps, a sweep that evaluates every 20: HyperBand counts 2
     reports, and with a factor of 2 ranks 2 trials at the first, step 20 (not at the recorded
     step 10): 2 × 20 + 20 steps."""
@@ -638,13 +640,13 @@ def test_the_replay_clock_lets_the_earliest_go_and_counts_it_when_a_live_trial_n
     assert (clock.now, clock.late) == (10, 1)
 
 
-def test_replay_at_two_trials_at_a_time_decides_the_same_on_every_run(write, tmp_path):
+def test_replay_at_two_trials_at_a_time_decides_the_same_on_every_run(ray_driver, write, tmp_path):
     """ASHA on the loss, two trials at a time in grid order: 0.01 and 0.02 reach step 10 at
     the same time, and 0.01 (the earlier trial) reports first, so 0.02 is ranked against it and
     stops; 0.08 starts in its slot at step 10 and stops at its first rung, as 0.04 does after
     it: 40 + 3 x 10 = 70 steps. 0.08, returned, first reported when 20 + 10 + 10 were spent.
     Three seeds (a grid draws the same trials): three equal runs, none out of order."""
     sweep = sweep_with(write, tmp_path, ASHA_ON_THE_LOSS)
-    report = replayed(write, sweep, "--seeds", "3", "--set", "search.max_concurrent_trials=2")
+    report = replayed(write, sweep, "search.max_concurrent_trials=2", seeds=3)
     assert [(run["steps"], run["returned"], run["steps_until_returned_seen"], run["out_of_order"])
             for run in report["runs"]] == [(70, 0.5, 40, 0)] * 3

@@ -1,5 +1,6 @@
 """Sweeps run for real: ``detsweep launch``, ``status`` and ``resume`` on a local Ray cluster,
-with ASHA (synchronous and on evaluations beside training) and a diverging trial. Optuna and
+with ASHA (synchronous and on evaluations beside training), a diverging trial, and BOHB's
+HyperBand resumed after its driver was killed twice. Optuna and
 PBT run on the two-node cluster (``test_two_node_cluster.py``); a killed driver's sweep is
 resumed from its bucket, and a trial whose worker's node is lost during a tracking server's
 outage ends from its checkpoint there (``test_cluster_sweeps.py``).
@@ -198,51 +199,6 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(tmp_path):
     check_mlflow_runs(report, num_steps=30, every=5, eval_every=10)
 
 
-@pytest.mark.upgrade_check
-def test_bohb_ranks_paused_trials_stops_one_where_it_paused_and_resumes_the_other_from_its_checkpoint(tmp_path):
-    """``algorithm: bohb``: HyperBand counts reports (3 here, one every 10 steps); with a factor
-    of 3 its largest bracket ranks 3 trials at their first report, keeps 1 and trains it to the
-    end. These 2 both pause at step 10; with none left running the bracket is ranked: the
-    lower loss goes on from its own checkpoint there (a new Ray Train run that restores it, on
-    the same MLflow run, no step trained twice), the other stops where it paused. Tune's
-    saved state and files say so too: a finished sweep with no paused trial, no row lost."""
-    from mlflow import MlflowClient
-
-    sweep = tiny_sweep(tmp_path, """
-  metric: train/loss
-  mode: min
-  algorithm: bohb
-  seed: 0
-  num_samples: 2
-  max_concurrent_trials: 1
-  scheduler: {type: hyperband, reduction_factor: 3}
-  space:
-    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.01, max: 0.02}
-""", num_steps=30, every=10)
-    result, report = launch_json(str(sweep), "--no-register", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = results_of(Path(report["path"]))
-    at_10 = {trial_id: found[0]["train/loss"] for trial_id, found in rows.items()}
-    kept, stopped = sorted(at_10, key=at_10.get)
-    by_id = {trial["trial_id"]: trial for trial in report["trials"]}
-    assert (by_id[kept]["status"], by_id[kept]["metrics"]["step"]) == ("TERMINATED", 30), report["trials"]
-    assert (by_id[stopped]["status"], by_id[stopped]["metrics"]["step"]) == ("STOPPED", 10), report["trials"]
-    assert {trial_id: [row["step"] for row in found] for trial_id, found in rows.items()} == {
-        kept: [10, 20, 30], stopped: [10]}
-    check_mlflow_runs(report, num_steps=30, every=10, registered=False)
-    client = MlflowClient(report["mlflow"]["tracking_uri"])
-    [restored] = client.get_metric_history(by_id[kept]["mlflow_run_id"], "restore/step")
-    assert restored.value == 10  # went on from its checkpoint at step 10, not from step 0
-    assert client.get_run(by_id[stopped]["mlflow_run_id"]).data.tags["early_stopped"] == "true"
-    # resumed when finished: HyperBand's brackets rebuilt from the trials, nothing trains again
-    again = run_cli("resume", report["path"], "--json", "--no-register", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert {t["trial_id"]: (t["status"], t["metrics"]["step"]) for t in json.loads(again.stdout)["trials"]} == {
-        kept: ("TERMINATED", 30), stopped: ("STOPPED", 10)}
-    assert {trial_id: [row["step"] for row in found] for trial_id, found in results_of(Path(report["path"])).items()} \
-        == {kept: [10, 20, 30], stopped: [10]}
-
-
 def saved_trials(experiment: Path) -> dict[str, tuple[str, int]]:
     """Each trial's status and last step in Tune's saved experiment state (what a resume reads)."""
     from ray.tune import ExperimentAnalysis
@@ -255,23 +211,30 @@ def saved_trials(experiment: Path) -> dict[str, tuple[str, int]]:
 
 
 @pytest.mark.upgrade_check
-def test_a_halving_sweep_resumes_after_its_driver_died_with_trials_waiting_and_again_after_a_ranking(tmp_path):
-    """3 trials one at a time, halving at step 10 by 3, 30 steps. The driver is killed while two
-    trials wait, paused, at the rung (the third not yet there), and again once the rung was
-    ranked and the trial it kept trained past it. Each ``resume`` rebuilds the bracket from the
-    trials: the waiting trials are not started before the ranking, the rung is ranked once (two
-    trials stop at step 10, one trains to 30), and a trial stopped while paused never trains again."""
-    from .conftest import cli_environment, kill_session, wait_until
+def test_bohb_resumed_after_its_driver_died_with_trials_waiting_and_after_a_ranking_ranks_the_bracket_once(tmp_path):
+    """``algorithm: bohb``: HyperBand counts reports (3 here, one every 10 steps); with a factor
+    of 3 its largest bracket holds 3 trials, ranks them at their first report, keeps 1 and
+    trains it to the end. One trial at a time, so the first two pause at step 10 and wait for
+    the third. The driver is killed while they wait, and again once the bracket was ranked and
+    the trial it kept trained past step 10. Each ``resume`` rebuilds the bracket from the trials
+    and the searcher from its saved state: the waiting trials are not started before the
+    ranking, the bracket is ranked once (the lower loss at step 10 goes on from its own
+    checkpoint there, on the same MLflow run; the others stop where they paused and never train
+    again), and a resume of the finished sweep trains nothing."""
+    from mlflow import MlflowClient
+
+    from .conftest import kill_session, wait_until
 
     sweep = tiny_sweep(tmp_path, """
   metric: train/loss
   mode: min
-  algorithm: grid
-  num_samples: 1
+  algorithm: bohb
+  seed: 0
+  num_samples: 3
   max_concurrent_trials: 1
-  scheduler: {type: halving, grace_period: 10, reduction_factor: 3}
+  scheduler: {type: hyperband, reduction_factor: 3}
   space:
-    optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02, 0.04]}
+    optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.01, max: 0.04}
 """, num_steps=30, every=10)
     experiment = tmp_path / "ray" / "tiny"
 
@@ -285,20 +248,36 @@ def test_a_halving_sweep_resumes_after_its_driver_died_with_trials_waiting_and_a
             driver.wait()
         return saved_trials(experiment)
 
-    waiting = killed_once(["launch", str(sweep)], lambda saved: sum(
+    waiting = killed_once(["launch", str(sweep), "--no-register"], lambda saved: sum(
         state == ("PAUSED", 10) for state in saved.values()) >= 2, "two trials were not saved paused at the rung")
-    assert len(waiting) == 3 and not any(step > 10 for _, step in waiting.values()), waiting
-    ranked = killed_once(["resume", str(experiment)], lambda saved: any(step >= 20 for _, step in saved.values()),
+    assert len(waiting) <= 3 and not any(step > 10 for _, step in waiting.values()), waiting
+    ranked = killed_once(["resume", str(experiment), "--no-register"],
+                         lambda saved: any(step >= 20 for _, step in saved.values()),
                          "no trial was saved past the rung after the first resume")
     [kept] = [trial_id for trial_id, (_, step) in ranked.items() if step >= 20]
-    assert [state for trial_id, state in ranked.items() if trial_id != kept] == [("TERMINATED", 10)] * 2, ranked
+    stopped = [trial_id for trial_id in ranked if trial_id != kept]
+    assert len(ranked) == 3 and [ranked[trial_id] for trial_id in stopped] == [("TERMINATED", 10)] * 2, ranked
     finished = run_cli("resume", str(experiment), "--json", "--no-register", cwd=tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     report = json.loads(finished.stdout)
     assert {t["trial_id"]: (t["status"], t["metrics"]["step"]) for t in report["trials"]} == {
         trial_id: ("TERMINATED", 30) if trial_id == kept else ("STOPPED", 10) for trial_id in ranked}
     rows = results_of(experiment)
+    at_10 = {trial_id: found[0]["train/loss"] for trial_id, found in rows.items()}
+    assert min(at_10, key=at_10.get) == kept, at_10  # the ranking's rule
     assert {trial_id: [row["step"] for row in found] for trial_id, found in rows.items() if trial_id != kept} == {
-        trial_id: [10] for trial_id in ranked if trial_id != kept}  # stopped at the rung, never trained again
+        trial_id: [10] for trial_id in stopped}  # stopped at the rung, never trained again
     assert [row["step"] for row in rows[kept]][-1] == 30
     check_mlflow_runs(report, num_steps=30, every=10, registered=False)  # every step once on each run
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
+    by_id = {trial["trial_id"]: trial for trial in report["trials"]}
+    restored = [metric.value for metric in client.get_metric_history(by_id[kept]["mlflow_run_id"], "restore/step")]
+    assert restored[0] == 10 and restored == sorted(restored), restored  # on from step 10, never from 0
+    assert all(client.get_run(by_id[trial_id]["mlflow_run_id"]).data.tags["early_stopped"] == "true"
+               for trial_id in stopped)
+    # resumed when finished: HyperBand's brackets rebuilt from the trials, nothing trains again
+    again = run_cli("resume", str(experiment), "--json", "--no-register", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {t["trial_id"]: (t["status"], t["metrics"]["step"]) for t in json.loads(again.stdout)["trials"]} == {
+        trial_id: ("TERMINATED", 30) if trial_id == kept else ("STOPPED", 10) for trial_id in ranked}
+    assert results_of(experiment) == rows, results_of(experiment)  # not a row more

@@ -80,7 +80,8 @@ class SearchSpec(Section):
         has_grid = any(parameter.is_grid for parameter in self.space.values())
         if has_grid and self.algorithm in ("optuna", "bohb"):
             raise invalid("algorithm", self.algorithm, "random or grid when the space has grid parameters")
-        # Tune's HyperBandForBOHB pauses trials for BOHB to fill its brackets; it works with no other searcher
+        # TuneBOHB learns only from the budgets our HyperBand (rungs.py) marks on results, and that
+        # HyperBand pauses trials for BOHB's suggestions to fill its brackets: each is built for the other
         if (self.algorithm == "bohb") != (self.scheduler.type == "hyperband"):
             field, value = ("scheduler.type", self.scheduler.type) if self.algorithm == "bohb" else ("algorithm", self.algorithm)
             raise invalid(field, value, "algorithm bohb with scheduler hyperband: BOHB decides with HyperBand's brackets")
