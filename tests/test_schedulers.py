@@ -460,6 +460,35 @@ def test_hyperband_keeps_every_trial_left_when_fewer_live_than_it_plans_to_keep(
     assert trials[0].status == "PAUSED" and not scheduler.brackets[0].waiting(scheduler.brackets[0].members["t0"])
 
 
+def test_a_bracket_whose_last_trial_paused_while_another_still_saved_is_ranked_while_other_brackets_run():
+    """HyperBand (max_t 3, factor 3): a, b and c in the first bracket, ranked at report 1; d
+    trains in the next. c reaches the rung while b still saves its pause, so c only pauses;
+    once b is PAUSED the bracket is ranked at the next chance to start a trial, though d still
+    runs (ranking waited for the whole sweep to go idle): the best goes on, the others stop.
+    A bracket is never ranked while one of its own trials runs, nor does a result wait in a
+    buffer (each decides at its rung)."""
+    from ray.tune.experiment import Trial
+
+    from detsweep.sweeps.rungs import hyperband
+
+    scheduler = hyperband(max_t=3, eta=3, every=1, max_concurrent=None, metric="eval/AP", mode="max", bohb=None)
+    a, b, c, d = stub_trials("a", "b", "c", "d")
+    controller = Controller(scheduler, [])
+    for trial in (a, b, c, d):
+        controller.add(trial)
+        controller.starts(trial)
+    assert controller.reports(a, 1, 0.2) == "PAUSE"
+    assert scheduler.on_trial_result(controller, b, {"step": 1, "eval/AP": 0.9}) == "PAUSE"
+    b.temporary_state.saving_to = object()  # Tune saves b's checkpoint before it is PAUSED
+    assert controller.reports(c, 1, float("nan")) == "PAUSE"  # diverged: NaN ranks last
+    assert scheduler.choose_trial_to_run(controller) is None  # b, of this bracket, still runs (saving)
+    b.temporary_state.saving_to = None
+    b.set_status(Trial.PAUSED)
+    assert d.status == Trial.RUNNING and scheduler.choose_trial_to_run(controller) is b
+    assert (a.status, c.status) == (Trial.TERMINATED, Trial.TERMINATED)
+    assert not scheduler.supports_buffered_results
+
+
 def test_a_trial_ranked_out_while_its_pause_is_still_saving_is_stopped():
     """a and b pause at the rung, b still saving its checkpoint (RUNNING, saving) when c errors
     and the bracket is ranked: b, the worse, is stopped all the same, not left to pause for good."""

@@ -13,7 +13,7 @@ pre-releases, and a release that cannot be installed with the rest (an ``mlflow`
 chosen version instead of the newest: ``python tools/upgrade_check.py --pin 'ray==2.59.*'``
 (quoted: the shell would expand the ``*``). The pin replaces that package's requirement, matched
 by its canonical name, in the overrides, keeping the extras and marker pyproject.toml gives it
-(``ray[default,train,tune]==2.59.*`` for ``ray[default,train,tune]>=2.60,<2.61``); a package
+(``ray[default,train,tune]==2.59.*`` for ``ray[default,train,tune]>=2.58,<2.61``); a package
 detsweep only installs through another's requirements can be pinned too (the pin then replaces
 every requirement on it), one that uv.lock does not hold either cannot. Every other package keeps
 uv.lock's version: nothing is upgraded, and uv.lock's versions of all but the pinned packages are
@@ -291,7 +291,7 @@ def uv(*args: str, log: Path) -> subprocess.CompletedProcess:
     the temporary folder it uses instead lies under SCRATCH, like everything else of this run."""
     temporary = SCRATCH / "tmp"
     temporary.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "UV_CACHE_DIR": str(VENV / ".uv-cache"), "TMPDIR": str(temporary)}
+    env = {**os.environ, "TMPDIR": str(temporary)}
     try:
         result = subprocess.run([str(UV), *args, "--no-cache"], cwd=REPO, env=env, capture_output=True, text=True)
     finally:

@@ -19,15 +19,17 @@ How a bracket decides:
   a trial's own process asks for no CPU, and unbounded, every trial a ranking kept would resume
   at once, their workers queueing for the CPUs of the few that fit.
 - A trial that errors or ends leaves its bracket. A bracket whose live trials all wait at its
-  rung is ranked when none runs (halving: only once whole); one ranked takes no more trials.
+  rung is ranked once none of them runs (halving: only once whole), whatever other brackets
+  do; one ranked takes no more trials.
 - BOHB's model hears every ranked result (marked with its budget), also a stopped trial's.
 
 It resumes: Tune (2.60) never saves a scheduler, and a restored sweep gets this object as it
 was built. Its brackets follow from the trials Tune restores, taken in the order they were
 created, from their last results: a rung was ranked once a trial trained past it or was stopped
-at it, and a trial waits at a rung until it is. Each restored trial that has not ended is set
-back to PAUSED as Tune adds it, so that Tune starts it only when this scheduler chooses it:
-never one waiting at a rung that is not ranked yet.
+at it, and a trial waits at a rung until it is. Each restored trial that reported and has not
+ended is set back to PAUSED as Tune adds it, so that Tune starts it only when this scheduler
+chooses it: never one waiting at a rung that is not ranked yet (one that never reported stays
+PENDING, for Tune to start as any new trial).
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from ray.tune.search import BasicVariantGenerator
 
 from detsweep.adapters import ray as adapter
 
-REPORTS = "hyperband/reports"  # a result's time here: how many reports of the metric the trial has made
 ENDED = (Trial.TERMINATED, Trial.ERROR)
 
 
@@ -108,6 +109,10 @@ class Rungs(TrialScheduler):
     def metric(self) -> str | None:
         return self.metric_name
 
+    @property
+    def supports_buffered_results(self) -> bool:
+        return False  # each result decides: buffered, a trial would train past its rung before it paused
+
     def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
         if (self.metric_name and metric) or (self.mode and mode):
             return False
@@ -123,7 +128,6 @@ class Rungs(TrialScheduler):
         self._place_arrivals()
         bracket, member = self._find(trial)
         member.time, member.value = self.time_of(result), result.get(self.metric_name)
-        result[REPORTS] = member.time  # in place: Tune's flattened copy, which the searcher is handed
         if self.bohb is not None:
             adapter.bohb_budget(result, bracket.rung if bracket.waiting(member) else None)
         if not bracket.waiting(member):
@@ -163,9 +167,10 @@ class Rungs(TrialScheduler):
                 >= self.max_concurrent:
             return None
         chosen = self._runnable()
-        if chosen is None and not any(t.status == Trial.RUNNING for t in trials):
+        if chosen is None:  # a bracket whose last trial paused while another still saved, or errored
             for bracket in self.brackets:
-                if self._may_rank(bracket) and any(m.trial.status == Trial.PAUSED for m in bracket.live()):
+                statuses = [m.trial.status for m in bracket.live()]
+                if self._may_rank(bracket) and Trial.PAUSED in statuses and Trial.RUNNING not in statuses:
                     self._rank(tune_controller, bracket)
             chosen = self._runnable()
         return chosen
@@ -281,8 +286,10 @@ class Rungs(TrialScheduler):
         return None
 
     def _score(self, member: Member) -> float:
-        sign = 1.0 if self.mode == "max" else -1.0
-        return sign * member.value if member.value is not None else -math.inf
+        """Higher is better; no score, or NaN (a diverged trial), ranks last."""
+        if member.value is None or math.isnan(member.value):
+            return -math.inf
+        return member.value if self.mode == "max" else -member.value
 
     def _runnable(self) -> Trial | None:
         for bracket in self.brackets:
