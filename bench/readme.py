@@ -55,7 +55,8 @@ def beside(entry: dict) -> str:
 
 
 def startup(entry: dict) -> str:
-    return f"{value(entry, '**Tune start → first step**'):.1f} s"
+    fresh, resume, floor = cells(entry, "**Tune asks → first step at Tune**")[1:]
+    return f"{fresh:.1f} s, {resume:.1f} s; {floor:.1f} s"
 
 
 def pipeline(entry: dict) -> str:
@@ -127,7 +128,8 @@ FIGURES: list[tuple[str, str, Figure]] = [
      "train_step_loops", wall_vs_compute),
     ("the bare loop beside an idle Ray cluster; beside an idle Ray Train run (against it alone)",
      "train_step_split", beside),
-    ("a trial's start: Tune starting it → its first training step (median of 3)", "startup_1w", startup),
+    ("a trial's start, from Tune asking Ray for its process to its first step at Tune: fresh, resumed (medians); "
+     "a bare process's import, build and first step", "startup_1w", startup),
     ("the input pipeline (raccoon photos) against what training consumes", "input_pipeline", pipeline),
     ("the input pipeline on one thread at 640 px with the zoo RetinaNet's augmentations (the target: 80)",
      "input_pipeline", pipeline_per_thread),

@@ -172,6 +172,14 @@ def test_system_metrics_of_a_node_go_to_a_run_another_process_opened_and_leave_i
     assert "system/node1/cpu_utilization_percentage" in found.data.metrics, sorted(found.data.metrics)
     assert all(key.startswith("system/node1/") for key in found.data.metrics)
     assert found.info.status == "RUNNING"
+    # a sample at once and one at the end: a trial killed (stopped by its scheduler) or ended
+    # within the first interval has its node's figures all the same
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "60")
+    short = client.create_run(client.create_experiment("short")).info
+    monitor = start_system_metrics(short.run_id, uri)
+    assert len(client.get_metric_history(short.run_id, "system/cpu_utilization_percentage")) == 1
+    monitor.finish()
+    assert len(client.get_metric_history(short.run_id, "system/cpu_utilization_percentage")) == 2
 
 
 # --- Ray ------------------------------------------------------------------------------------------

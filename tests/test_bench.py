@@ -86,8 +86,20 @@ def replay_settings(results: dict) -> None:
 
 
 def startup(results: dict) -> None:
-    phases = {row[0] for row in results["startup_1w"]["rows"][1:]}
-    assert {"workers", "imports", "model", "first_loop"} <= phases
+    # a fresh start and a resume each timed from Tune asking Ray for the trial's process, phase
+    # by phase beside the floor's; the worker's phases sum to less than the whole; Ray's processes listed
+    entry = results["startup_1w"]
+    header, *rows = entry["rows"]
+    assert header == ["phase", "fresh start (s)", "resume (s)", "floor (s)"]
+    phases = {row[0]: row[1:] for row in rows}
+    assert {"trainer", "workers", "imports", "model", "first_loop"} <= phases.keys()
+    [total] = [cells for name, cells in phases.items() if name.startswith("**Tune asks")]
+    for column in (0, 1):
+        assert 0 < sum(phases[name][column] for name in ("imports", "model", "first_loop")) < total[column]
+    assert entry["settings"]["resumes"] == 1 and [t["what"] for t in entry["targets"]] == [
+        "a fresh start vs the floor", "a resume vs the floor"]
+    ray_table = entry["notes"][-1].splitlines()
+    assert any(line.startswith("| ImplicitFunc |") for line in ray_table) and any("Controller" in line for line in ray_table), ray_table
 
 
 def tracking_server(results: dict) -> None:

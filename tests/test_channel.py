@@ -1,6 +1,7 @@
 """The report channel's two ends, on local queues: rank 0's sender and the owner's merge of
-loops and Ray Train reports into one stream in step order (:mod:`detsweep.trainables.channel`).
-The same code over Ray's queue, in a real Ray Train run: ``tests/test_train.py``."""
+loops and Ray Train reports into one stream in step order (:mod:`detsweep.trainables.channel`);
+and the channel itself, a Ray actor. The same code in a real Ray Train run:
+``tests/test_train.py``."""
 
 import queue
 import threading
@@ -214,29 +215,44 @@ def test_detsweep_train_says_when_ray_train_restarts_its_workers_and_why(capsys)
 
 
 @pytest.fixture
-def ray_queue(ray_driver):
-    """A real Ray queue on a small local cluster of this test module's own."""
-    from ray.util.queue import Queue
+def channel(ray_driver):
+    """A real run channel (its actor) on a small local cluster of this test module's own."""
+    from detsweep.trainables.channel import RunChannel
 
-    return lambda: Queue(actor_options={"num_cpus": 0})
+    return RunChannel()
 
 
-def test_the_sender_delivers_in_order_and_flush_returns_once_all_is_on_the_queue(ray_queue):
-    reports = ray_queue()
-    sender = LoopSender(reports)
+def test_the_sender_delivers_in_order_and_flush_returns_once_all_is_on_the_channel(channel):
+    sender = LoopSender(channel)
     for step in range(1, 51):
         sender.send(loop(step))  # a put on a local queue: the training thread never waits for Ray
     sender.flush()
-    assert reports.qsize() == 50  # nothing still on its way
-    assert [reports.get().step for _ in range(50)] == list(range(1, 51))
+    assert channel.qsize() == 50  # nothing still on its way
+    assert [channel.get().step for _ in range(50)] == list(range(1, 51))
 
 
-def test_the_sender_says_at_flush_that_the_queue_is_gone(ray_queue):
+def test_the_sender_says_at_flush_that_the_channel_is_gone(channel):
     import ray
 
-    reports = ray_queue()
-    ray.kill(reports.actor)  # its owner's process died
-    sender = LoopSender(reports)
+    ray.kill(channel.actor)  # its owner's process died
+    sender = LoopSender(channel)
     sender.send(loop(1))
-    with pytest.raises(RuntimeError, match="^the run's report queue is gone: "):
+    with pytest.raises(RuntimeError, match="^the run's report channel is gone: "):
         sender.flush()
+
+
+def test_a_published_value_reaches_whoever_waits_for_it_once_it_is_high_enough(channel):
+    """The owner publishes the MLflow run for the workers' system metrics once it is open, and
+    each evaluated step it passed on (``settled``): a reader waits until the value is there and
+    at least what it asked for, and gets None past its timeout, never an exception."""
+    import ray
+
+    settled = channel.actor.read.remote("settled", 30, 2)  # an evaluation task waiting for its step 2
+    target = channel.actor.read.remote("system_metrics", 30, None)  # a worker's node monitor
+    channel.publish("settled", 1)
+    assert ray.wait([settled, target], num_returns=2, timeout=0.5)[0] == []  # step 1 is not the one waited for
+    channel.publish("settled", 3)
+    channel.publish("system_metrics", {"run_id": "r1", "uri": "http://x"})
+    assert ray.get([settled, target]) == [3, {"run_id": "r1", "uri": "http://x"}]
+    assert channel.read("settled", 0.1, at_least=2) == 3  # published before the read: at once
+    assert channel.read("never", 0.1) is None

@@ -803,6 +803,7 @@ trial = TrialRun(RunLink(uri, experiment, None), "t_00000", "trial_t_00000", loa
                  "eval/AP_best", "max")
 first = ray.train.Checkpoint.from_directory(f"{folder}/step_10")
 trial.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2}, first)
+trial.opened.wait(60)  # the client is made as the run opens
 while not checkpoints(trial.client, [experiment], trial.run_id):  # step 10's is READY
     time.sleep(0.2)
 print(trial.run_id, flush=True)

@@ -22,13 +22,31 @@ class SystemMetrics(Protocol):
 def start_system_metrics(run_id: str, tracking_uri: str, node_id: str | None = None) -> SystemMetrics:
     """Start sampling this node's CPU, memory, disk, network (and GPUs, with nvidia-ml-py) into the
     run ``run_id``, named ``system/<node_id>/…`` when ``node_id`` is given, after the steps its
-    system metrics already reached (a restarted worker continues them). ``finish()`` stops it and
-    leaves the run as it is. MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL sets how often it samples."""
+    system metrics already reached (a restarted worker continues them). A sample is logged at
+    once and one at ``finish()`` (a trial stopped or ended within the first interval has its
+    node's figures all the same), which stops it and leaves the run as it is.
+    MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL sets how often it samples in between."""
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     monitor = SystemMetricsMonitor(run_id, node_id=node_id, resume_logging=True, tracking_uri=tracking_uri)
+    sample = _Sampled(monitor)
+    sample.log()  # before its thread starts: never two samplers at once
     monitor.start()
-    return monitor
+    return sample
+
+
+class _Sampled:
+    def __init__(self, monitor):
+        self.monitor = monitor
+
+    def log(self) -> None:
+        self.monitor.collect_metrics()
+        self.monitor.publish_metrics(self.monitor.aggregate_metrics())
+        self.monitor.mlflow_logger.flush()
+
+    def finish(self) -> None:
+        self.monitor.finish()  # its sampling thread has ended: this one samples alone
+        self.log()
 
 
 def collect_garbage(backend_store_uri: str, tracking_uri: str) -> None:

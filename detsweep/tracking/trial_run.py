@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,11 +91,10 @@ class TrialRun:
     def __init__(self, link: RunLink, trial_id: str, trial_name: str, config: TrialConfig,
                  swept: dict[str, Any], metric: str, mode: str, start_step: int = 0,
                  tags: dict[str, str] | None = None):
-        """``tags``: for a new run, beyond the ones every trial's run has (a fine-tune's source)."""
-        from mlflow import MlflowClient
-
+        """``tags``: for a new run, beyond the ones every trial's run has (a fine-tune's source).
+        Returns at once: MLflow is imported (about 2 s) and the run opened on the writer's thread."""
         use_writer_settings()  # a trial's process has them from its start: then this writes nothing
-        self.client = MlflowClient(link.uri)
+        self.client = None  # made by the first write (``_open``)
         self.link, self.trial_id, self.trial_name, self.config = link, trial_id, trial_name, config
         self.metric, self.mode = metric, mode
         self.tags = {TRIAL_TAG: trial_id, ROLE_TAG: "trial", METRIC_TAG: metric, MODE_TAG: mode} | ({PARENT_TAG: link.parent_run_id} if link.parent_run_id else {})
@@ -123,6 +123,10 @@ class TrialRun:
         """Finds the trial's run (a resumed trial) or makes it. A retry after a partial failure
         goes on from where the last attempt stopped: a run this object made is never taken for
         a resumed one, and its config and datasets are still written."""
+        if self.client is None:
+            from mlflow import MlflowClient
+
+            self.client = MlflowClient(self.link.uri)
         if self.run_id is None:
             run = find_trial_run(self.client, self.link, self.trial_id)
             if run is not None:
@@ -176,10 +180,16 @@ class TrialRun:
                     raise
                 log.info("MLflow: logging the datasets again after a conflict with another trial: %s", refused)
 
-    def system_metrics_target(self, timeout_s: float = 10.0) -> dict[str, str] | None:
-        """Where the trial's workers log MLflow's system metrics: this run, once it is open;
-        None when it is not open within ``timeout_s`` (training does not wait for MLflow)."""
-        return {"run_id": self.run_id, "uri": self.link.uri} if self.opened.wait(timeout_s) else None
+    def when_open(self, call: Callable[[dict[str, str]], None]) -> None:
+        """``call`` with this run's id and tracking URI (``run_id``, ``uri``) once it is open, on the
+        writer's thread: the trial publishes them for its workers' system metrics."""
+        def publish() -> None:
+            try:
+                call({"run_id": self.run_id, "uri": self.link.uri})
+            except Exception as error:  # a courtesy: the workers go on without system metrics
+                log.warning("MLflow: the run's id did not reach the workers: %s", error)
+
+        self.writer.submit("the run's id, for the workers", publish)
 
     def log_dict(self, value: dict[str, Any], name: str) -> None:
         """A JSON artifact (``warm_start.json``: what a fine-tune restored)."""

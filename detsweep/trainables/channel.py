@@ -6,29 +6,35 @@ default, 0.5 s by detsweep's unless the user sets it: :data:`detsweep.adapters.r
 A worker that reported every loop trained at most one loop per poll. Ray's guidance is to
 send per-step metrics to experiment tracking from the workers themselves; ours go to the
 process that owns the MLflow run (the trial's, or ``detsweep train``'s driver) through a
-Ray ``Queue``, an actor that process owns:
+:class:`RunChannel`, an actor that process owns:
 
 - every loop, rank 0 hands its metrics to :class:`LoopSender`, whose thread puts them on the
-  queue: the training thread never waits for a poll;
+  channel: the training thread never waits for a poll;
 - at a milestone (an evaluation or a checkpoint) every worker calls ``ray.train.report``, as
   Ray Train requires, once rank 0's sender has delivered every loop before it: a worker group
   restarted from that checkpoint has lost nothing that came before it;
-- Ray Train's controller puts every report it receives on the same queue
+- Ray Train's controller puts every report it receives on the same channel
   (:class:`ForwardReports`), and :func:`in_step_order` merges the two: each step once, in
   order, a milestone as Ray Train's report of it with its checkpoint, so Tune and fault
   tolerance see exactly what they saw when every loop went through Ray Train;
 - with ``train.evaluation: async`` a milestone's checkpoint is evaluated by a Ray task of its
   own (Ray Train's ``ValidationConfig``, :mod:`.evaluator`), which puts the metrics on the same
-  queue; the merge adds them to the milestone's report, so Tune, MLflow and the progress lines
+  channel; the merge adds them to the milestone's report, so Tune, MLflow and the progress lines
   see them at the checkpoint's step, as if the workers had evaluated inline;
 - a training that diverged ends its run rather than fail its workers: Ray Train restarts failed
   workers from their last checkpoint (``scaling.max_failures``), where the same steps would
   diverge again. Rank 0 sends the reason after its last loop (:class:`TrainingFailed`), and the
   merge raises it once every step before it was passed on.
+
+The channel carries two values the other way, published by the owner: the MLflow run the
+workers log their nodes' system metrics to (known only once the owner opened it, which it
+does while Ray Train starts the workers), and the last evaluated step the owner passed on
+(an evaluation task waits for it before Ray Train may delete the checkpoint).
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue as local
 import threading
 from collections.abc import Callable, Iterator
@@ -36,10 +42,75 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import ray.train
-from ray.util.queue import Queue
 
 from detsweep.errors import failure_reason
 from detsweep.startup import once_per_start
+
+
+class RunChannel:
+    """A run's reports, in the order they were put, and the values its owner publishes; an
+    actor on the owner's node (Ray Train puts its controller there too), so that a worker node
+    lost mid-run takes only workers with it. Its handle travels to the workers, the controller
+    and the evaluation tasks."""
+
+    def __init__(self):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.actor = ray.remote(ChannelActor).options(num_cpus=0, scheduling_strategy=here).remote()
+
+    def put(self, item: Any) -> None:
+        ray.get(self.actor.put.remote(item))
+
+    def get(self) -> Any:
+        """The next report; waits for one."""
+        return ray.get(self.actor.get.remote())
+
+    def qsize(self) -> int:
+        """Reports put and not yet taken."""
+        return ray.get(self.actor.qsize.remote())
+
+    def publish(self, name: str, value: Any) -> None:
+        ray.get(self.actor.publish.remote(name, value))
+
+    def read(self, name: str, timeout_s: float, at_least: Any = None) -> Any:
+        """The value published as ``name`` (once it is ``at_least``), waiting up to ``timeout_s``; None if none came."""
+        return ray.get(self.actor.read.remote(name, timeout_s, at_least))
+
+
+class ChannelActor:
+    def __init__(self):
+        self.reports: asyncio.Queue = asyncio.Queue()
+        self.values: dict[str, Any] = {}
+        self.published = asyncio.Condition()
+
+    async def put(self, item: Any) -> None:
+        self.reports.put_nowait(item)
+
+    async def get(self) -> Any:
+        return await self.reports.get()
+
+    async def qsize(self) -> int:
+        return self.reports.qsize()
+
+    async def publish(self, name: str, value: Any) -> None:
+        async with self.published:
+            self.values[name] = value
+            self.published.notify_all()
+
+    async def read(self, name: str, timeout_s: float, at_least: Any) -> Any:
+        def ready() -> bool:
+            return name in self.values and (at_least is None or self.values[name] >= at_least)
+
+        async def wait() -> Any:
+            async with self.published:
+                await self.published.wait_for(ready)
+                return self.values[name]
+
+        try:
+            return await asyncio.wait_for(wait(), timeout_s)
+        except TimeoutError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -108,9 +179,9 @@ class RunEnded:
 
 
 class ForwardReports(ray.train.UserCallback):
-    """Runs in Ray Train's controller: every report it receives goes on the run's queue."""
+    """Runs in Ray Train's controller: every report it receives goes on the run's channel."""
 
-    def __init__(self, reports: Queue):
+    def __init__(self, reports: RunChannel):
         self.reports = reports
 
     def after_report(self, run_context, metrics, checkpoint) -> None:
@@ -143,9 +214,9 @@ NO_NOTES = _NoNotes()
 
 
 class LoopSender:
-    """Rank 0's end of the queue: :meth:`send` returns at once, a thread delivers in order."""
+    """Rank 0's end of the channel: :meth:`send` returns at once, a thread delivers in order."""
 
-    def __init__(self, reports: Queue):
+    def __init__(self, reports: RunChannel):
         self.reports = reports
         self.pending: local.Queue[LoopMetrics | TrainingFailed] = local.Queue()
         self.failure: BaseException | None = None
@@ -155,10 +226,10 @@ class LoopSender:
         self.pending.put(loop)
 
     def flush(self) -> None:
-        """Wait until everything sent so far is on the queue."""
+        """Wait until everything sent so far is on the channel."""
         self.pending.join()
         if self.failure is not None:
-            raise RuntimeError(f"the run's report queue is gone: {self.failure}") from self.failure
+            raise RuntimeError(f"the run's report channel is gone: {self.failure}") from self.failure
 
     def _deliver(self) -> None:
         while True:
@@ -166,13 +237,13 @@ class LoopSender:
             try:
                 if self.failure is None:
                     self.reports.put(loop)
-            except BaseException as error:  # the owner of the queue is gone; flush() says so
+            except BaseException as error:  # the owner of the channel is gone; flush() says so
                 self.failure = error
             finally:
                 self.pending.task_done()
 
 
-def in_step_order(reports: Queue, settled: Callable[[int], None] = lambda step: None, notes: RunNotes = NO_NOTES,
+def in_step_order(reports: RunChannel | local.Queue, settled: Callable[[int], None] = lambda step: None, notes: RunNotes = NO_NOTES,
                   ) -> Iterator[tuple[dict[str, Any], ray.train.Checkpoint | None]]:
     """Every step's metrics once, in step order, until the run ends: a loop's own metrics, or
     for a milestone Ray Train's report of it with its checkpoint, and the evaluation of that

@@ -4,7 +4,7 @@ Ray Train runs :func:`evaluate_reported` as a Ray task of its own on each checkp
 reports with ``validation=True`` (``ValidationConfig``, alpha in Ray 2.60; its controller runs
 one such task at a time, in report order, and waits for the last before ``fit()`` returns).
 Ray Train keeps a task's metrics only in its checkpoint manager, which no callback sees, so
-the task puts them on the run's report queue itself, where :func:`.channel.in_step_order`
+the task puts them on the run's channel itself, where :func:`.channel.in_step_order`
 adds them to the checkpoint's step.
 """
 
@@ -15,36 +15,35 @@ import time
 
 import ray.train
 from ray.train.v2.api.validation_config import ValidationConfig
-from ray.util.queue import Empty, Queue
 
 from detsweep.checkpoints import read_step
 from detsweep.config import ScalingConfig
 from detsweep.errors import failure_reason
 
-from .channel import Evaluation, EvaluationFailed
+from .channel import Evaluation, EvaluationFailed, RunChannel
 
 # How long a finished evaluation waits for the run's owner to pass its step on (into MLflow,
 # and Tune's copy of the checkpoint) before Ray Train may delete the checkpoint.
 SETTLE_TIMEOUT_S = 300
 
 
-def evaluation_task(scaling: ScalingConfig, reports: Queue, settled: Queue | None, pictures: bool) -> ValidationConfig:
-    """Ray Train's validation config: one worker's resources for each evaluation. ``settled``:
-    where the run's owner says it passed an evaluated step on (None: do not wait for it)."""
+def evaluation_task(scaling: ScalingConfig, channel: RunChannel, pictures: bool) -> ValidationConfig:
+    """Ray Train's validation config: one worker's resources for each evaluation, whose metrics
+    go on ``channel``; each waits there until the run's owner published it passed its step on."""
     # "DEFAULT": under Tune, the controller runs in the trial's placement group (a little
     # memory, no CPU), which would capture the task; it goes to the cluster like a worker.
     resources = {"num_cpus": scaling.cpus_per_worker, "max_retries": 0, "scheduling_strategy": "DEFAULT"}
     if scaling.use_gpu:
         resources["num_gpus"] = scaling.gpus_per_worker
-    evaluate = functools.partial(evaluate_reported, reports=reports, settled=settled, pictures=pictures,
-                                 scaling=scaling)
+    evaluate = functools.partial(evaluate_reported, channel=channel, pictures=pictures, scaling=scaling)
     return ValidationConfig(evaluate, ray_remote_kwargs=resources)
 
 
-def evaluate_reported(checkpoint: ray.train.Checkpoint, *, reports: Queue, settled: Queue | None, pictures: bool,
+def evaluate_reported(checkpoint: ray.train.Checkpoint, *, channel: RunChannel, pictures: bool,
                       scaling: ScalingConfig) -> dict:
     """Score ``checkpoint`` (raw and moving-average weights) as rank 0 would have inline, put the
-    metrics on the run's queue, and return once the run's owner has passed them on."""
+    metrics on the run's channel, and return once the run's owner has passed them on (the owner
+    settles evaluated steps in step order: it publishes each as ``settled``)."""
     started = time.time()
     from detsweep.train.evaluate import evaluate_checkpoint  # TensorFlow loads in the task only
     from detsweep.train.strategy import use_worker_devices
@@ -55,21 +54,9 @@ def evaluate_reported(checkpoint: ray.train.Checkpoint, *, reports: Queue, settl
             use_worker_devices(scaling)  # before TensorFlow's first op; a GPU it cannot see fails the run
             metrics = evaluate_checkpoint(directory, verify=False, picture=pictures)
         except Exception as error:
-            reports.put(EvaluationFailed(step, failure_reason(error)))
+            channel.put(EvaluationFailed(step, failure_reason(error)))
             raise
     metrics.pop("step")
-    reports.put(Evaluation(step, metrics, started, time.time()))
-    if settled is not None:
-        wait_until_settled(settled, step)
+    channel.put(Evaluation(step, metrics, started, time.time()))
+    channel.read("settled", SETTLE_TIMEOUT_S, at_least=step)
     return metrics
-
-
-def wait_until_settled(settled: Queue, step: int) -> None:
-    """The owner settles evaluated steps in step order; an earlier one may still be queued."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            if settled.get(timeout=remaining) >= step:
-                return
-        except Empty:
-            return

@@ -10,7 +10,6 @@ from typing import Any
 
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-from ray.util.queue import Queue
 
 from detsweep import console
 from detsweep.checkpoints import checkpoint_uri
@@ -19,7 +18,7 @@ from detsweep.config import ScalingConfig, TrialConfig
 from detsweep.errors import DetsweepError, failure_reason, stderr_held_back
 from detsweep.startup import StartupClock
 
-from .channel import NO_NOTES, ForwardReports, RunEnded, RunError, RunNotes, in_step_order
+from .channel import NO_NOTES, ForwardReports, RunChannel, RunEnded, RunError, RunNotes, in_step_order
 from .evaluator import evaluation_task
 from .tf_config import TensorflowWorkers
 from .worker import train_loop_per_worker
@@ -66,37 +65,37 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
     return "  ".join(parts) + ("  [checkpoint]" if saved else "")
 
 
-def make_trainer(config: TrialConfig, name: str, reports: Queue, storage_path: str | None = None,
+def make_trainer(config: TrialConfig, name: str, channel: RunChannel, storage_path: str | None = None,
                  restore_from: str | None = None, pictures: bool = False,
                  startup: StartupClock | None = None, callbacks: Sequence = (),
-                 settled: Queue | None = None, system_metrics: dict[str, str] | None = None) -> DataParallelTrainer:
-    """``reports``: the queue this process reads the run's reports from (:mod:`.channel`);
-    ``settled``: where it says it passed an evaluated step on (``train.evaluation: async``);
+                 system_metrics: bool = False) -> DataParallelTrainer:
+    """``channel``: where the run's reports travel to this process (:mod:`.channel`);
     ``restore_from``: a checkpoint (a folder or a bucket's URI) to start from when Ray Train has
     none of its own yet;
     ``pictures``: rank 0 draws its detections at every evaluation; ``startup``: the run's clock,
     started when the run was asked for; ``callbacks``: more of Ray Train's, in its controller;
-    ``system_metrics``: the MLflow run each node's first worker logs the node's system metrics to.
+    ``system_metrics``: each node's first worker logs the node's system metrics to the MLflow run
+    this process publishes on ``channel``.
 
     Ray Train's ``TensorflowTrainer`` is this ``DataParallelTrainer`` with Ray's TF_CONFIG
     backend; :class:`TensorflowWorkers` does the same without importing TensorFlow here."""
     startup = startup or StartupClock()
     startup.mark("trainer")
-    loop_config = {"trial": config.model_dump(mode="json"), "reports": reports, "restore_from": restore_from,
+    loop_config = {"trial": config.model_dump(mode="json"), "channel": channel, "restore_from": restore_from,
                    "pictures": pictures, "startup": startup.to_dict(), "system_metrics": system_metrics}
     return DataParallelTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
         backend_config=TensorflowWorkers(),
         scaling_config=ray_scaling(config.scaling),
-        validation_config=(evaluation_task(config.scaling, reports, settled, pictures)
+        validation_config=(evaluation_task(config.scaling, channel, pictures)
                            if config.train.evaluation == "async" else None),
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage_path,
             failure_config=ray.train.FailureConfig(max_failures=config.scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-            callbacks=[ForwardReports(reports), *callbacks],
+            callbacks=[ForwardReports(channel), *callbacks],
         ),
     )
 
@@ -171,28 +170,19 @@ def check_fit(config: TrialConfig, where: str):
 Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]
 
 
-def queue_here() -> Queue:
-    """A Ray queue on this process's node, as Ray Train puts its controller: a worker node lost
-    mid-run takes only workers with it, never the channel their reports travel on."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-
-
 def stream_training(config: TrialConfig, name: str, storage_path: str | None, on_report: Handler,
                     restore_from: str | None = None, pictures: bool = False,
                     startup: StartupClock | None = None, notes: RunNotes = NO_NOTES,
-                    system_metrics: dict[str, str] | None = None) -> str | None:
+                    channel: RunChannel | None = None, system_metrics: bool = False) -> str | None:
     """Train ``config`` through Ray Train, handing ``on_report`` every loop's metrics in step
     order, in this thread, with the checkpoint where a loop saved one; ``notes`` hears of failed
-    workers and of steps trained again after a restart; ``system_metrics``: the MLflow run
-    (``run_id``, ``uri``) the workers' nodes log their system metrics to. Returns why training
-    failed, or None. The workers never wait for this process (:mod:`.channel`)."""
-    reports = queue_here()
-    settled = queue_here() if config.train.evaluation == "async" else None
-    trainer = make_trainer(config, name, reports, storage_path, restore_from=restore_from, pictures=pictures,
-                           startup=startup, settled=settled, system_metrics=system_metrics)
+    workers and of steps trained again after a restart; ``channel``: the run's (a new one by
+    default), on which, with ``system_metrics``, this process publishes the MLflow run the
+    workers' nodes log their system metrics to. Returns why training failed, or None. The
+    workers never wait for this process (:mod:`.channel`)."""
+    channel = channel or RunChannel()
+    trainer = make_trainer(config, name, channel, storage_path, restore_from=restore_from, pictures=pictures,
+                           startup=startup, system_metrics=system_metrics)
     failure: list[BaseException] = []
 
     def fit() -> None:
@@ -201,12 +191,11 @@ def stream_training(config: TrialConfig, name: str, storage_path: str | None, on
         except BaseException as error:  # reported below, in the caller's thread
             failure.append(error)
         finally:
-            reports.put(RunEnded())
+            channel.put(RunEnded())
 
     threading.Thread(target=fit, name="detsweep-fit", daemon=True).start()
     try:
-        settle = settled.put if settled is not None else lambda step: None
-        for metrics, checkpoint in in_step_order(reports, settle, notes):
+        for metrics, checkpoint in in_step_order(channel, lambda step: channel.publish("settled", step), notes):
             on_report(metrics, checkpoint)
     except RunError as error:  # it diverged, or has no score at a step: it cannot go on
         return str(error)

@@ -25,6 +25,7 @@ from detsweep.evaluation.pictures import without_pictures
 from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialRun
 
+from .channel import RunChannel
 from .trainer import ProgressLines, stream_training
 
 
@@ -57,8 +58,7 @@ def run_trial(tune_config: dict[str, Any]) -> None:
         raise TrialFailed(str(error)) from None
     context = ray.tune.get_context()
     restore = ray.tune.get_checkpoint()  # PBT's exploit, or a resumed sweep
-    run = open_trial_run(tune_config, config, restore)
-    startup.mark("mlflow")
+    run = open_trial_run(tune_config, config, restore)  # on its writer's thread, while Ray Train starts
     # A new Ray Train run at every start: one with the same name would resume from its own
     # latest checkpoint, not from the one Tune hands over (PBT's exploit must win).
     started = time.strftime("%Y%m%d-%H%M%S")
@@ -94,7 +94,11 @@ def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run:
                   progress: bool = False, startup: StartupClock | None = None) -> str | None:
     """Train ``config`` through Ray Train; every report goes to ``run`` (MLflow), to this
     process's console when ``progress``, then, without its pictures, to ``on_report``; a step
-    trained again after a restart, and failed workers, are noted on ``run``. Returns why training failed, or None."""
+    trained again after a restart, and failed workers, are noted on ``run``. The workers start
+    while ``run`` opens, and log their nodes' system metrics to it once it is open. Returns why
+    training failed, or None."""
+    channel = RunChannel()
+    run.when_open(lambda target: channel.publish("system_metrics", target))
     lines = ProgressLines(config.train.num_steps) if progress else None
 
     def log(metrics: dict, checkpoint) -> None:
@@ -104,7 +108,7 @@ def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run:
         on_report(without_pictures(metrics), checkpoint)
 
     return stream_training(config, name, storage_path, log, restore_from=restore_from, pictures=True, startup=startup,
-                           notes=run, system_metrics=run.system_metrics_target())
+                           notes=run, channel=channel, system_metrics=True)
 
 
 def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) -> TrialRun:

@@ -14,7 +14,7 @@ import ray.train
 from detsweep.config import TrialConfig
 from detsweep.startup import StartupClock
 
-from .channel import LoopMetrics, LoopSender, TrainingFailed
+from .channel import LoopMetrics, LoopSender, RunChannel, TrainingFailed
 
 
 def quiet_info_logging() -> None:
@@ -47,22 +47,27 @@ def first_report_extras(startup: StartupClock, config: TrialConfig, schedule_pic
 class NodeMonitor:
     """MLflow's system metrics of this node (CPU, memory, disk, network; GPUs with nvidia-ml-py)
     on the trial's run, from the node's first worker, named ``system/node<rank>/…`` when the
-    trial spans several nodes. MLflow is imported and the monitor started off the training
-    thread; MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL sets how often it samples (10 s)."""
+    trial spans several nodes. Started after the first loop, off the training thread: MLflow's
+    import and the wait for the run (which the trial's process opens while the workers start)
+    stay off the start-up's path. MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL sets how often it
+    samples (10 s)."""
 
-    def __init__(self, target: dict[str, str]):
+    def __init__(self, channel: RunChannel):
         context = ray.train.get_context()
         several = context.get_local_world_size() < context.get_world_size()
         self.node_id = f"node{context.get_node_rank()}" if several else None
-        self.target, self.monitor = target, None
+        self.channel, self.monitor = channel, None
         self.starting = threading.Thread(target=self._start, name="detsweep-system-metrics", daemon=True)
         self.starting.start()
 
     def _start(self) -> None:
         try:
+            target = self.channel.read("system_metrics", timeout_s=60)
+            if target is None:
+                raise TimeoutError("the trial's MLflow run was not open within 60 s")
             from detsweep.adapters.mlflow import start_system_metrics
 
-            self.monitor = start_system_metrics(self.target["run_id"], self.target["uri"], self.node_id)
+            self.monitor = start_system_metrics(target["run_id"], target["uri"], self.node_id)
         except Exception as error:  # a courtesy, like the pictures: training goes on without it
             logging.getLogger(__name__).warning("no system metrics: %s", error)
 
@@ -94,11 +99,15 @@ def train_loop_per_worker(loop_config: dict) -> None:
     quiet_info_logging()
     config = TrialConfig.model_validate(loop_config["trial"])
     rank = ray.train.get_context().get_world_rank()
-    sender = LoopSender(loop_config["reports"]) if rank == 0 else None
+    channel: RunChannel = loop_config["channel"]
+    sender = LoopSender(channel) if rank == 0 else None
     monitors = loop_config.get("system_metrics") and ray.train.get_context().get_local_rank() == 0
     monitor: NodeMonitor | None = None
 
     def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone) -> None:
+        nonlocal monitor
+        if monitors and monitor is None:  # after the first loop: see NodeMonitor
+            monitor = NodeMonitor(channel)
         elsewhere = milestone is Milestone.EVALUATE
         if sender:
             sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone is not Milestone.NONE, time.time(),
@@ -119,9 +128,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
             # A fine-tune starts from another training's checkpoint unless it resumes its own.
             fine_tune = config.train.fine_tune if restore_from is None else None
             fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
-            # After the download (an MLflow source imports MLflow on this thread): two threads
-            # importing MLflow at once can meet a half-initialised module.
-            monitor = NodeMonitor(loop_config["system_metrics"]) if monitors else None
             pictures = loop_config.get("pictures", False)
             context = WorkerContext(rank=rank, restore_from=restore_from, pictures=pictures,
                                     startup=startup, fine_tune_from=fine_tune_from)
