@@ -322,8 +322,8 @@ def test_mixed_float16_trains_with_dynamic_loss_scaling(tmp_path):
 
 def test_an_async_evaluation_that_fails_ends_the_training_with_its_reason(tmp_path):
     """The evaluation task, in this process: a checkpoint it cannot read is the run's failure,
-    with the step and the one-line reason, put on the run's queue before Ray Train hears of the
-    task's error. The merge reading that queue then ends with the reason, as the RunError that
+    with the step and the one-line reason, put on the run's channel (a local queue here) before
+    Ray Train hears of the task's error. The merge reading it then ends with the reason, as the RunError that
     ``stream_training`` returns as the training's failure, as it does a diverged training's (the
     diverging tests follow that to a failed trial and to ``detsweep train``'s exit code 1)."""
     import queue
@@ -337,8 +337,8 @@ def test_an_async_evaluation_that_fails_ends_the_training_with_its_reason(tmp_pa
     (tmp_path / "meta.json").write_text(json.dumps({"step": 40, "categories": []}))
     reports = queue.Queue()
     with pytest.raises(Exception, match="not a detsweep checkpoint"):
-        evaluate_reported(ray.train.Checkpoint.from_directory(str(tmp_path)), reports=reports, settled=None,
-                          pictures=False, scaling=ScalingConfig())
+        evaluate_reported(ray.train.Checkpoint.from_directory(str(tmp_path)), channel=reports, pictures=False,
+                          scaling=ScalingConfig())
     reason = f"{tmp_path} is not a detsweep checkpoint (expected config.yaml and ckpt.index in it)"
     [failed] = list(reports.queue)
     assert isinstance(failed, EvaluationFailed) and (failed.step, failed.reason) == (40, reason)
