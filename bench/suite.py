@@ -1,19 +1,23 @@
 """The two commands as a new user meets them: ``git clone`` of this repository's last commit
 into a fresh folder, then ``make test`` there (install included), then ``make demo`` (the venv
 already made). A run whose tests all passed is recorded as ``suite``; a failed one records
-nothing and keeps its folder for a look. About 50 minutes on 2 cores, so ``make bench``
-leaves it out: run it alone.
+nothing and keeps its folder for a look. Each test file's seconds (set-up included, from
+pytest's JUnit report) are a row of their own, so that the next change sees what it cost.
+About 45 minutes on 2 cores, so ``make bench`` leaves it out: run it alone.
 
     .venv/bin/python -m bench.suite [--out FILE]
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from pathlib import Path
 
 from .common import REPO, Entry, arguments, record
@@ -21,11 +25,22 @@ from .common import REPO, Entry, arguments, record
 PASSED = re.compile(r"=+ (\d+) passed.* in ([\d.]+)s")
 
 
-def timed(command: list[str], folder: Path, log: Path) -> float:
+def seconds_per_file(junit: Path) -> list[tuple[str, float]]:
+    """Each test file's seconds in pytest's JUnit report (its tests' set-up, call and tear-down),
+    slowest first."""
+    spent: Counter[str] = Counter()
+    for case in ElementTree.parse(junit).iter("testcase"):
+        module = next(part for part in case.get("classname", "").split(".") if part.startswith("test_"))
+        spent[f"{module}.py"] += float(case.get("time", 0))
+    return [(name, round(seconds, 1)) for name, seconds in spent.most_common()]
+
+
+def timed(command: list[str], folder: Path, log: Path, env: dict[str, str] | None = None) -> float:
     """Seconds ``command`` took in ``folder``, its output appended to ``log``; exits if it failed."""
     start = time.monotonic()
     with log.open("a") as out:
-        code = subprocess.run(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, **(env or {})}).returncode
     if code != 0:
         raise SystemExit(f"bench.suite: {' '.join(command)} failed (exit {code}); nothing recorded, see {log}")
     return time.monotonic() - start
@@ -40,7 +55,8 @@ def main() -> None:
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     (folder / "shared").symlink_to(REPO.parent / "shared")  # the datasets, where CI has them too
     print(f"make test, then make demo, in {clone} (commit {commit}); their output in {log}", flush=True)
-    test = timed(["make", "test"], clone, log)
+    junit = folder / "junit.xml"
+    test = timed(["make", "test"], clone, log, env={"PYTEST_ADDOPTS": f"--junitxml={junit}"})
     output = log.read_text()
     [(passed, pytest_seconds)] = PASSED.findall(output)[-1:]
     seed = re.search(r"--randomly-seed=(\d+)", output)
@@ -50,7 +66,8 @@ def main() -> None:
         settings={"commit": commit, "seed": seed.group(1) if seed else "?"},
         rows=[["figure", "value"], ["make test, install included (s)", round(test)],
               ["pytest (s)", round(float(pytest_seconds))], ["tests passed", int(passed)],
-              ["make demo, installed (s)", round(demo)]],
+              ["make demo, installed (s)", round(demo)],
+              *[[f"{name} (s)", seconds] for name, seconds in seconds_per_file(junit)]],
         notes=["One run: the suite's time follows the machine's speed that day more than any one change."],
     ), args.out)
     shutil.rmtree(folder)

@@ -360,6 +360,36 @@ def tracking_stack(s3):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def trained_sweep(tmp_path_factory) -> tuple[Path, dict]:
+    """A finished quickstart sweep named ``source``, its MLflow runs in ``folder/mlflow.db``:
+    the source of the fine-tuning tests, the checkpoint the export tests ship, and the ASHA
+    sweep on evaluations beside training (``train.evaluation: async``) that
+    ``test_sweep_runs`` checks (one sweep for all three).
+
+    Its best trial (0.04) trains 150 steps on 64 images, so that its AP is above noise, in
+    loops of 25 steps, with an evaluation (a Ray task of its own, while it trains on) and a
+    checkpoint at 75 and 150, so that the best checkpoint is picked from two. ASHA ranks on the val loss at step 75: one
+    trial at a time (each takes both CPUs: its worker and its evaluator), so the second (at
+    0.00001, which hardly learns) reaches the rung after the first scored there, and stops."""
+    from .tiny_sweeps import launch_json, tiny_sweep
+
+    folder = tmp_path_factory.mktemp("trained")
+    sweep = tiny_sweep(folder, """
+  metric: eval/AP_best
+  mode: max
+  algorithm: grid
+  num_samples: 1
+  scheduler: {type: asha, grace_period: 75, reduction_factor: 2, metric: eval/loss, mode: min}
+  space:
+    optimizer.learning_rate.learning_rate_base: {grid: [0.04, 0.00001]}
+""", num_steps=150, every=75, loop=25, name="source", data="{train: {num_images: 64}, val: {num_images: 32}}")
+    sweep.write_text(sweep.read_text().replace("checkpoint_every: 75}", "checkpoint_every: 75, evaluation: async}"))
+    result, report = launch_json(str(sweep), "--no-register", cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder, report
+
+
 def without_the_unread_preset(notes: list[str], preset: str = "retinanet_resnet50_fpn_coco") -> list[str]:
     """``notes`` but the one that says ``preset`` could not be read here, which must be there:
     nothing can be downloaded on these machines (the registry name is read as a download)."""

@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from bench.common import free_port
@@ -47,7 +46,9 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
     sweeps = client.search_runs([info["experiment_id"]], filter_string="tags.`detsweep.role` = 'sweep'")
     assert [run.info.run_id for run in sweeps] == [parent.info.run_id]  # a resumed sweep kept its run
 
-    runs = client.search_runs([info["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    # (fine-tunes of the sweep's trials are nested under its run too: ``detsweep.role`` finetune)
+    runs = client.search_runs([info["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = "
+                              f"'{parent.info.run_id}' and tags.`detsweep.role` = 'trial'")
     children = {run.data.tags["detsweep.trial_id"]: run for run in runs}
     assert len(children) == len(runs) == len(report["trials"])  # one run per trial, never two
     # what each trial cost (its workers' CPUs for as long as Tune ran it) on its run, their sum on the sweep's
@@ -136,7 +137,8 @@ def check_registered_model(client, report: dict, run, checkpoint: Path) -> None:
     from detsweep.checkpoints import read_config
     from detsweep.data import load_dataset
     from detsweep.evaluation.pictures import read_image
-    from detsweep.export.detector import Detector
+
+    from .reference_detections import assert_same_detections, detected_by_hand
 
     uri = report["mlflow"]["tracking_uri"]
     registered = report["mlflow"]["registered_model"]
@@ -157,13 +159,9 @@ def check_registered_model(client, report: dict, run, checkpoint: Path) -> None:
     pinned = Path(mlflow.pyfunc.get_model_dependencies(model_uri)).read_text().splitlines()
     assert {f"tensorflow=={installed('tensorflow')}", f"keras-hub=={installed('keras-hub')}"} <= set(pinned), pinned
     model = mlflow.pyfunc.load_model(model_uri)
-    detector = Detector.from_checkpoint(str(checkpoint), use_average=averaged)
     for example in load_dataset(read_config(checkpoint).data.val).examples[:2]:
         image = read_image(example)[None]
-        served, expected = model.predict(image), detector.detect(image)
-        np.testing.assert_array_equal(served["num_detections"], expected["num_detections"])
-        for key in ("detection_boxes", "detection_scores", "detection_classes"):
-            np.testing.assert_allclose(served[key], expected[key], atol=1e-4, err_msg=key)
+        assert_same_detections(model.predict(image), detected_by_hand(checkpoint, image, use_average=averaged), atol=1e-4)
 
 
 HEAD_SECRET = "secretsmanager:detsweep/mlflow-head"
@@ -369,8 +367,10 @@ def check_mlflow_ui(report: dict, cwd: Path, screenshots: Path) -> None:
             return [text for text in joined.values() if text.strip()]
 
         WebDriverWait(browser, 60).until(lambda _: any(report["name"] in row for row in rows()))
-        browser.find_element(By.CSS_SELECTOR, ".ag-row button").click()  # the sweep's run, expanded
         names = [f"trial_{trial['trial_id']}" for trial in report["trials"]]
+        # nested: the trials are under the sweep's run, not beside it, until it is expanded
+        assert not [row for row in rows() if any(name in row for name in names)], rows()
+        browser.find_element(By.CSS_SELECTOR, ".ag-row button").click()  # the sweep's run, expanded
         WebDriverWait(browser, 30).until(lambda _: all(any(name in row for row in rows()) for name in names))
         columns = [f"metrics.`{report['metric']}`", "metrics.`cost/cpu_hours`"]
         [menu] = [button for button in browser.find_elements(By.CSS_SELECTOR, "button") if button.text.strip() == "Columns"]

@@ -40,7 +40,10 @@ from detsweep.data.pipeline import training_dataset
 from detsweep.data.processing import InputSpec
 from detsweep.errors import DetsweepError
 
+from .conftest import REPO
+
 MAX_BOXES = 16
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 
 def coordinate_picture(height: int, width: int) -> np.ndarray:
@@ -458,3 +461,28 @@ def test_the_import_keeps_the_files_order_where_it_is_not_the_default(write):
     assert "order" not in jitter_first.tree["data"]["augmentation"]
     assert ("train_config.data_augmentation_options.random_scale_crop_and_pad_to_square: before random_crop_image in "
             "the file; detsweep applies it last, on the resized image") in jitter_first.not_carried
+
+
+def test_training_batches_apply_the_configs_augmentation():
+    """The batches the training loop steps on (``train.loop.distributed_batches``, the same
+    seed and order): with ``random_horizontal_flip: 1`` every image and its boxes are those
+    without augmentation, mirrored; with no augmentation they are not."""
+    from detsweep.data import load_dataset
+    from detsweep.train.loop import distributed_batches
+
+    def first_batch(*overrides: str) -> tuple[np.ndarray, np.ndarray]:
+        config = load_trial_config(QUICKSTART, ["data.train.num_images=8", "data.augmentation={}", *overrides])
+        train_set = load_dataset(config.data.train)
+        images, targets = next(distributed_batches(tf.distribute.get_strategy(), train_set,
+                                                   InputSpec.of(config.model), config, step=0))
+        return images.numpy(), targets["boxes"].numpy()
+
+    plain, plain_boxes = first_batch()
+    flipped, flipped_boxes = first_batch("data.augmentation.random_horizontal_flip=1.0")
+    width = plain.shape[2]
+    np.testing.assert_allclose(flipped, plain[:, :, ::-1], atol=1e-5)
+    real = plain_boxes.sum(axis=-1) > 0  # the padding rows are zeros in both
+    mirrored = np.stack([plain_boxes[..., 0], width - plain_boxes[..., 3], plain_boxes[..., 2],
+                         width - plain_boxes[..., 1]], axis=-1)
+    np.testing.assert_allclose(flipped_boxes[real], mirrored[real], atol=1e-3)
+    assert not np.allclose(flipped, plain, atol=1e-2)  # the flip shows: the shapes are not symmetric

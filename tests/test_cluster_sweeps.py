@@ -100,13 +100,20 @@ def test_trials_at_once_follow_what_the_cluster_can_grow_to_within_its_max_worke
 # --- a cluster that autoscales from zero worker nodes ------------------------------------
 
 
-@pytest.fixture
-def autoscaling(tmp_path_factory, s3) -> Iterator[AutoscalingCluster]:
-    """A new cluster for each test: one test's nodes, or demand its killed processes left,
-    would be another's head start. Its nodes reach the S3 server as a cluster's nodes reach
-    their region's S3."""
+@pytest.fixture(scope="module")
+def autoscaling_once(tmp_path_factory, s3) -> Iterator[AutoscalingCluster]:
+    """One cluster for the module's tests; its nodes reach the S3 server as a cluster's nodes
+    reach their region's S3."""
     with autoscaling_cluster(tmp_path_factory.mktemp("autoscaling"), env=s3.env) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def autoscaling(autoscaling_once) -> AutoscalingCluster:
+    """The module's cluster back at zero worker nodes: another test's nodes would be this
+    one's head start. (Idle nodes go after 6 s; a test ends once its sweep has.)"""
+    wait_until(lambda: not autoscaling_once.worker_nodes(), 120, "the last test's worker nodes were not removed")
+    return autoscaling_once
 
 
 def tiny_cluster_sweep(tmp_path: Path, name: str, search: str, storage: str | None = None,

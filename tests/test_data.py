@@ -57,10 +57,20 @@ def test_raccoon_voc_reads_every_image_and_box_and_counts_grayscale():
     assert first.boxes.dtype == np.float32 and first.labels.dtype == np.int32
 
 
-def test_voc_without_verify_reads_no_image_headers():
+def test_voc_without_verify_reads_no_image_headers(monkeypatch):
+    """Every image file the loader opens goes through PIL's ``Image.open`` (``data/images.py``):
+    none is opened without ``verify``, each of the 200 with it."""
+    from PIL import Image
+
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda source, *args, **kwargs: opened.append(source) or real_open(
+        source, *args, **kwargs))
     raccoons = load_dataset(dataset(format="voc", annotations=RACCOON_XML), verify=False)
-    assert raccoons.num_boxes == 217
+    assert raccoons.num_boxes == 217 and opened == []
     assert "grayscale_images" not in raccoons.counts  # modes are only known from the headers
+    verified = load_dataset(dataset(format="voc", annotations=RACCOON_XML))
+    assert len(opened) == len(verified.examples) == 200 and verified.counts["grayscale_images"] == 3
 
 
 def test_voc_with_a_label_map_and_an_image_folder():

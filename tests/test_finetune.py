@@ -1,8 +1,9 @@
 """After a sweep: ``detsweep best`` reads the winner from MLflow, ``detsweep finetune`` keeps
 training it (one run, or a sweep of fine-tuning runs) with new classes or more steps.
 
-One real sweep (one trial, long enough to detect something) is the source of every test here;
-each fine-tune is a real Ray Train run that downloads the checkpoint from MLflow.
+One real sweep is the source of every test here (``conftest.trained_sweep``: its best trial
+trained long enough to detect something; the export tests ship its checkpoint too); each
+fine-tune is a real Ray Train run that downloads the checkpoint from MLflow.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 from .conftest import REPO, run_cli
 from .mlflow_checks import free_port
-from .tiny_sweeps import launch_json, tiny_sweep
+from .tiny_sweeps import tiny_sweep
 
 AP_NOISE = 0.01
 T = TypeVar("T")
@@ -28,25 +29,6 @@ CLASS_LOGITS = {"classification_head/logits_layer/kernel", "classification_head/
 LIBRARIES = ("ray", "tensorflow", "keras", "keras-hub", "mlflow", "optuna")
 ENVIRONMENT_TAGS = {"python": "detsweep.python"} | {name: f"detsweep.version.{name}" for name in LIBRARIES} | {
     "lock": "detsweep.lock"}  # as `detsweep best` names them, in its order
-
-
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory) -> tuple[Path, dict]:
-    """A finished one-trial sweep named ``source`` with its MLflow runs in ``folder/mlflow.db``:
-    150 steps, so that its AP is above noise; checkpoints at 75 and 150, so that the best one is
-    picked from two."""
-    folder = tmp_path_factory.mktemp("finetune")
-    sweep = tiny_sweep(folder, """
-  metric: eval/AP_best
-  mode: max
-  algorithm: grid
-  num_samples: 1
-  space:
-    optimizer.learning_rate.learning_rate_base: {grid: [0.04]}
-""", num_steps=150, every=75, name="source", data="{train: {num_images: 64}, val: {num_images: 32}}")
-    result, report = launch_json(str(sweep), "--no-register", cwd=folder)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder, report
 
 
 def finetune_json(folder: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -102,16 +84,17 @@ def downloaded(uri: str, tracking_uri: str, into: Path) -> Path:
         return Path(shutil.copytree(folder, into / "checkpoint"))
 
 
-def test_best_ranks_the_trials_from_mlflow_alone(swept):
-    folder, report = swept
+def test_best_ranks_the_trials_from_mlflow_alone(trained_sweep):
+    folder, report = trained_sweep
     shown, table = side_by_side([lambda: run_cli("best", "source", "--json", cwd=folder),
                                  lambda: run_cli("best", str(folder / "source.yaml"), cwd=folder)])  # by sweep file, as a table
     assert shown.returncode == 0, shown.stderr
     ranking = json.loads(shown.stdout)
     assert ranking["metric"] == "eval/AP_best" and ranking["mode"] == "max"
     assert ranking["parent_run_ids"] == [report["mlflow"]["parent_run_id"]]
-    [trial] = ranking["trials"]
+    trial, stopped = ranking["trials"]  # the trial ASHA stopped at step 75 ranks second
     assert trial["run_id"] == report["best"]["mlflow_run_id"] and trial["trial_id"] == report["best"]["trial_id"]
+    assert stopped["swept"] == {"optimizer.learning_rate.learning_rate_base": 0.00001} and stopped["value"] < trial["value"]
     assert trial["value"] == pytest.approx(report["best"]["metrics"]["eval/AP_best"])
     assert trial["swept"] == {"optimizer.learning_rate.learning_rate_base": 0.04}
     assert trial["checkpoint"] == best_in_mlflow(report) and trial["checkpoint_step"] == 150
@@ -129,10 +112,10 @@ def test_best_ranks_the_trials_from_mlflow_alone(swept):
 
 
 @pytest.mark.upgrade_check
-def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(swept, tmp_path):
+def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(trained_sweep, tmp_path):
     """The user story: the sweep's winner, trained on. Its optimizer state and step are kept,
     the schedule is stretched to the new end; the run is nested under the source's sweep."""
-    folder, report = swept
+    folder, report = trained_sweep
     before = report["best"]["metrics"]["eval/AP_best"]
     result, out = finetune_json(folder, "--from", "best:source", "--keep-optimizer-state",
                                 "--set", "train.num_steps=160", "--set", "optimizer.learning_rate.total_steps=160")
@@ -177,7 +160,8 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     assert step_of(kept) == 160 and score(kept, "eval/AP_best") == pytest.approx(out["metrics"]["eval/AP_best"])
     # fine-tunes are not trials: ranked here, as `detsweep best` ranks (its command: the test above)
     ranked = rank_trials(client, "source", resolve_backend(TrackingConfig(uri=out["mlflow"]["tracking_uri"])))
-    assert [t["run_id"] for t in ranked.to_dict()["trials"]] == [report["best"]["mlflow_run_id"]]
+    assert [t["run_id"] for t in ranked.to_dict()["trials"]][:1] == [report["best"]["mlflow_run_id"]]
+    assert len(ranked.to_dict()["trials"]) == len(report["trials"])
 
     # and shipped: the export of a checkpoint from MLflow is logged back to its run
     exported = run_cli("export", "--from", f"run:{run.info.run_id}", "--out", str(tmp_path / "export"), "--json", cwd=folder)
@@ -186,26 +170,47 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     assert "export/saved_model/saved_model.pb" in {a.path for a in client.list_artifacts(run.info.run_id, "export/saved_model")}
 
 
-def test_a_fine_tuning_sweep_from_a_run_with_new_classes_restores_all_but_the_class_logits(swept):
-    folder, report = swept
-    # A learning rate of 0 keeps every trainable weight where the restore put it.
+def test_a_fine_tuning_sweep_from_a_run_with_new_classes_restores_all_but_the_class_logits_until_its_time_budget(
+        trained_sweep):
+    """``finetune --sweep`` from the best trial's run, with 5 classes for its 3: every weight
+    but the class logits is the source's averaged one. Run as a person at a terminal runs it
+    (the report into a file), with ``search.time_budget_s``: the trial, far from its last
+    step when the budget is spent, is stopped by Tune, ``STOPPED`` in the report, its MLflow
+    run ends ``KILLED``, and the terminal showed it live."""
+    import sys
+
+    from .conftest import cli_environment, plain, run_on_terminal
+
+    folder, report = trained_sweep
+    # A learning rate of 0 keeps every trainable weight where the restore put it, at every checkpoint.
     sweep = tiny_sweep(folder, """
   metric: eval/AP_best
   mode: max
   algorithm: grid
   num_samples: 1
+  time_budget_s: 45
   space:
     optimizer.learning_rate.learning_rate: {grid: [0.0]}
-""", num_steps=4, every=4, name="tuned", data="{train: {num_images: 16}, val: {num_images: 8}}")
+""", num_steps=2000, every=10, name="tuned", data="{train: {num_images: 16}, val: {num_images: 8}}")
     source_run = report["best"]["mlflow_run_id"]  # named by its MLflow run this time
-    result = run_cli("finetune", "--sweep", str(sweep), "--from", f"run:{source_run}", "--from-ema", "--no-register", "--json",
-                     "--set", "base.model.num_classes=5", "--set", "base.optimizer.learning_rate.type=constant", cwd=folder)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result, drawn = run_on_terminal(
+        [sys.executable, "-m", "detsweep.cli", "finetune", "--sweep", str(sweep), "--from", f"run:{source_run}",
+         "--from-ema", "--no-register", "--json", "--set", "base.model.num_classes=5",
+         "--set", "base.optimizer.learning_rate.type=constant"], cwd=folder, env=cli_environment({"COLUMNS": "160"}))
+    terminal = plain(drawn)
+    assert result.returncode == 0, terminal[-3000:]
     assert "weights restored, 2 fresh (classification_head/logits_layer/kernel, classification_head/logits_layer/bias)" \
-        in result.stderr
+        in terminal
     out = json.loads(result.stdout)
     [trial] = out["trials"]
-    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 4
+    assert trial["status"] == "STOPPED" and 10 <= trial["metrics"].get("step", 0) < 2000, trial
+    # the terminal: the trial's events, and the live table drawn under them, redrawn as the trial
+    # moves, gone (cursor back) at the end; Ray's lines went to the log
+    assert f"trial {trial['trial_id']} started: " in terminal and f"trial {trial['trial_id']} step 10/2000" in terminal
+    assert terminal.count("┃ trial ") >= 3 and f"│ {trial['trial_id']} │ RUNNING " in terminal, terminal[-3000:]
+    assert drawn.index("\x1b[?25l") < drawn.rindex(f"│ {trial['trial_id']} │") < drawn.rindex("\x1b[?25h")
+    assert "1 running; 0 min" in terminal and "pid=" not in terminal
+    assert "reading and checking data.train (synthetic)" in terminal  # long work shows, then gives way to its line
 
     tuned = trainable_weights(Path(trial["checkpoint"]))
     with tempfile.TemporaryDirectory() as scratch:
@@ -226,10 +231,11 @@ def test_a_fine_tuning_sweep_from_a_run_with_new_classes_restores_all_but_the_cl
     child = client.get_run(trial["mlflow_run_id"])
     assert child.data.params["train.fine_tune.checkpoint"] == best_in_mlflow(report)
     assert child.data.params["train.fine_tune.from_moving_average"] == "true" and child.data.params["model.num_classes"] == "5"
+    assert child.info.status == "KILLED" and child.data.tags.get("early_stopped") == "true", (child.info, child.data.tags)
 
 
-def test_what_cannot_be_fine_tuned_is_refused_in_one_line(swept, tmp_path):
-    folder, report = swept
+def test_what_cannot_be_fine_tuned_is_refused_in_one_line(trained_sweep, tmp_path):
+    folder, report = trained_sweep
     from mlflow import MlflowClient
 
     client = MlflowClient(report["mlflow"]["tracking_uri"])

@@ -5,6 +5,7 @@ keras-hub's RetinaNet with those numbers (issue #39)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -105,6 +106,9 @@ def test_import_odapi_writes_the_zoo_retinanet_as_yaml_that_validates(tmp_path):
     assert f"detsweep: not carried over: {PREDICTOR}.activation: RELU_6" in result.stderr
     validated = run_cli("config", str(tmp_path / "retinanet.yaml"), "--json")
     assert validated.returncode == 0, validated.stderr
+    # what validates is the zoo's model as written, not the defaults a file without it gets
+    model = json.loads(validated.stdout)["model"]
+    assert {name: model[name] for name in ZOO_MODEL} == ZOO_MODEL, model
 
 
 def zoo_model(**changes):

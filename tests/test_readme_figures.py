@@ -22,6 +22,7 @@ SETTINGS = {
     "2 s",  # Ray Train's poll, Ray's default
     "60 s",  # the MLflow server's credential cache
     "10 minutes",  # a test's time limit
+    "15 minutes",  # the longest a cluster sweep's test sets
     "80 minutes",  # the run's time limit
     "45 minutes",  # the suite's budget
 }

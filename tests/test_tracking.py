@@ -281,7 +281,22 @@ def test_detsweep_ui_with_a_config_runs_mlflow_ui_on_the_configs_tracking_uri(tm
     assert said == [f"MLflow: http://127.0.0.1:{port} ({' '.join(expected)})"]
 
 
+def changed(png: bytes, reference: bytes) -> np.ndarray:
+    """Where two PNGs of one size differ, as a mask."""
+    import io
+
+    from PIL import Image
+
+    first, second = (np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int) for data in (png, reference))
+    assert first.shape == second.shape
+    return np.abs(first - second).max(axis=-1) > 30
+
+
 def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
+    """A row per image: its ground truth boxes on the left, the detections that score at least
+    0.3 on the right; a lower score draws nothing. (Seen against the same picture drawn
+    without boxes, or without the detection.)"""
+    import dataclasses
     import io
 
     from PIL import Image
@@ -293,13 +308,24 @@ def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
     val_set = load_dataset(DatasetConfig(format="synthetic", num_images=3, image_size=96, classes=2, seed=5))
     first = val_set.examples[0]
     ymin, xmin, ymax, xmax = (float(v) for v in first.boxes[0])
-    detections = [{"image_id": first.image_id, "category_id": val_set.categories[0].id,
-                   "bbox": [xmin, ymin, xmax - xmin, ymax - ymin], "score": 0.9}]
-    picture = Image.open(io.BytesIO(detections_picture(val_set, detections, count=2)))
-    one_row = Image.open(io.BytesIO(detections_picture(val_set, detections, count=1)))
+    found = {"image_id": first.image_id, "category_id": val_set.categories[0].id,
+             "bbox": [xmin, ymin, xmax - xmin, ymax - ymin], "score": 0.9}
+    drawn = detections_picture(val_set, [found], count=2)
+    picture = Image.open(io.BytesIO(drawn))
+    one_row = Image.open(io.BytesIO(detections_picture(val_set, [found], count=1)))
     assert picture.format == "PNG" and picture.width == one_row.width
     assert picture.height == pytest.approx(2 * one_row.height, rel=0.05)  # a row per image: truth | detections
     assert len(set(np.asarray(picture.convert("L")).ravel().tolist())) > 20  # images drawn, not blank
+    middle, row = picture.width // 2, picture.height // 2
+
+    unsure = detections_picture(val_set, [{**found, "score": 0.29}], count=2)
+    detection = changed(drawn, unsure)  # the detection's box and label, on the right of its image's row
+    assert detection[:row, middle:].sum() > 200 and not detection[row:].any() and not detection[:, :middle].any()
+    no_truth = dataclasses.replace(val_set, examples=[
+        dataclasses.replace(example, boxes=example.boxes[:0], labels=example.labels[:0]) for example in val_set.examples])
+    truth = changed(unsure, detections_picture(no_truth, [], count=2))  # each image's boxes, on the left
+    for rows in (slice(0, row), slice(row, None)):
+        assert truth[rows, :middle].sum() > 200 and not truth[rows, middle:].any(), truth[rows].sum()
 
 
 def test_the_picture_survives_boxes_far_outside_the_image():

@@ -142,10 +142,10 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
     tag or artifact. A second launch of the sweep is refused
     and changes nothing. Then the cluster goes as ``ray down`` takes it (Ray, its results folder
     and the head's disk) and a new one comes up, its head's server on the same database and
-    bucket: ``best`` and ``finetune --from best:`` (which downloads its checkpoint on a worker
-    node, as ``export --from best:`` does on the driver: ``source.local_copy``) work from MLflow
-    alone, every trial's metric history is whole, and after ``mlflow gc`` the bucket holds the
-    files of each trial's best and latest checkpoints only (of five each)."""
+    bucket: ``best`` and ``finetune --from best:`` work from MLflow alone (the fine-tune starts
+    from the checkpoint ``best`` ranked first), every trial's metric history is whole, and after
+    ``mlflow gc`` the bucket holds the files of each trial's best and latest checkpoints only
+    (of five each)."""
     import optuna
     import requests
     from mlflow import MlflowClient
