@@ -130,6 +130,7 @@ FIGURES: list[tuple[str, str, Figure]] = [
      "train_step_split", beside),
     ("a trial's start, from Tune asking Ray for its process to its first step at Tune: fresh, resumed (medians); "
      "a bare process's import, build and first step", "startup_1w", startup),
+    ("the same with 2 Ray Train workers a trial", "startup_2w", startup),
     ("the input pipeline (raccoon photos) against what training consumes", "input_pipeline", pipeline),
     ("the input pipeline on one thread at 640 px with the zoo RetinaNet's augmentations (the target: 80)",
      "input_pipeline", pipeline_per_thread),
