@@ -226,6 +226,18 @@ def plain(terminal: str) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal)
 
 
+def changed_pixels(png: bytes, reference: bytes):
+    """Where two PNGs of one size differ by more than a rounding (30 levels in a channel), as a mask."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    first, second = (np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int) for data in (png, reference))
+    assert first.shape == second.shape
+    return np.abs(first - second).max(axis=-1) > 30
+
+
 def kill_session(process: subprocess.Popen) -> None:
     """SIGKILL ``process`` and every process of its session (it was started with start_new_session)."""
     try:

@@ -5,7 +5,6 @@ detect what the checkpoint detects, and score the AP that training's evaluation 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import threading
 import time
@@ -29,7 +28,7 @@ from detsweep.train.checkpoint import CONFIG_FILE
 from detsweep.train.evaluate import Evaluator
 from detsweep.train.restore import load_trained_model
 
-from .conftest import RACCOON
+from .conftest import RACCOON, changed_pixels
 from .reference_detections import assert_same_detections, detected_by_hand
 
 STEPS = 150  # conftest.trained_sweep's last step: an AP well above zero, so that comparing APs means something
@@ -206,8 +205,7 @@ def test_predict_draws_every_image_and_prints_json(checkpoint, saved_model, tmp_
         with Image.open(out / f"{image.stem}.png") as picture:
             assert picture.format == "PNG"
         bare = picture_of(decode_image_file(image), [], f"{image.name}: score >= 0.3")
-        differ = np.abs(np.asarray(Image.open(io.BytesIO(drawn)).convert("RGB")).astype(int)
-                        - np.asarray(Image.open(io.BytesIO(bare)).convert("RGB")).astype(int)).max(axis=-1) > 30
+        differ = changed_pixels(drawn, bare)
         assert (differ.sum() > 100) == bool(found["detections"]), (image, differ.sum(), found["detections"])
 
 

@@ -281,17 +281,6 @@ def test_detsweep_ui_with_a_config_runs_mlflow_ui_on_the_configs_tracking_uri(tm
     assert said == [f"MLflow: http://127.0.0.1:{port} ({' '.join(expected)})"]
 
 
-def changed(png: bytes, reference: bytes) -> np.ndarray:
-    """Where two PNGs of one size differ, as a mask."""
-    import io
-
-    from PIL import Image
-
-    first, second = (np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int) for data in (png, reference))
-    assert first.shape == second.shape
-    return np.abs(first - second).max(axis=-1) > 30
-
-
 def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
     """A row per image: its ground truth boxes on the left, the detections that score at least
     0.3 on the right; a lower score draws nothing. (Seen against the same picture drawn
@@ -304,6 +293,8 @@ def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
     from detsweep.config.schema import DatasetConfig
     from detsweep.data import load_dataset
     from detsweep.evaluation.pictures import detections_picture
+
+    from .conftest import changed_pixels
 
     val_set = load_dataset(DatasetConfig(format="synthetic", num_images=3, image_size=96, classes=2, seed=5))
     first = val_set.examples[0]
@@ -319,11 +310,11 @@ def test_the_detections_picture_shows_each_image_beside_its_ground_truth():
     middle, row = picture.width // 2, picture.height // 2
 
     unsure = detections_picture(val_set, [{**found, "score": 0.29}], count=2)
-    detection = changed(drawn, unsure)  # the detection's box and label, on the right of its image's row
+    detection = changed_pixels(drawn, unsure)  # the detection's box and label, on the right of its image's row
     assert detection[:row, middle:].sum() > 200 and not detection[row:].any() and not detection[:, :middle].any()
     no_truth = dataclasses.replace(val_set, examples=[
         dataclasses.replace(example, boxes=example.boxes[:0], labels=example.labels[:0]) for example in val_set.examples])
-    truth = changed(unsure, detections_picture(no_truth, [], count=2))  # each image's boxes, on the left
+    truth = changed_pixels(unsure, detections_picture(no_truth, [], count=2))  # each image's boxes, on the left
     for rows in (slice(0, row), slice(row, None)):
         assert truth[rows, :middle].sum() > 200 and not truth[rows, middle:].any(), truth[rows].sum()
 
