@@ -30,9 +30,21 @@ def seconds_per_file(junit: Path) -> list[tuple[str, float]]:
     slowest first."""
     spent: Counter[str] = Counter()
     for case in ElementTree.parse(junit).iter("testcase"):
-        module = next(part for part in case.get("classname", "").split(".") if part.startswith("test_"))
-        spent[f"{module}.py"] += float(case.get("time", 0))
+        spent[file_of(case)] += float(case.get("time", 0))
     return [(name, round(seconds, 1)) for name, seconds in spent.most_common()]
+
+
+def file_of(case: ElementTree.Element) -> str:
+    """``test_a.py`` for a JUnit test case of ``tests.test_a`` or ``tests.test_a.TestGroup``."""
+    return next(f"{part}.py" for part in case.get("classname", "").split(".") if part.startswith("test_"))
+
+
+def slowest_tests(junit: Path, count: int = 20) -> list[tuple[str, float]]:
+    """The ``count`` slowest tests in pytest's JUnit report (``file.py::name``, seconds), slowest
+    first: where the next fold of the suite would pay."""
+    cases = [(f"{file_of(case)}::{case.get('name')}", float(case.get("time", 0)))
+             for case in ElementTree.parse(junit).iter("testcase")]
+    return [(name, round(seconds, 1)) for name, seconds in sorted(cases, key=lambda case: -case[1])[:count]]
 
 
 def timed(command: list[str], folder: Path, log: Path, env: dict[str, str] | None = None) -> float:
@@ -68,7 +80,8 @@ def main() -> None:
               ["pytest (s)", round(float(pytest_seconds))], ["tests passed", int(passed)],
               ["make demo, installed (s)", round(demo)],
               *[[f"{name} (s)", seconds] for name, seconds in seconds_per_file(junit)]],
-        notes=["One run: the suite's time follows the machine's speed that day more than any one change."],
+        notes=["One run: the suite's time follows the machine's speed that day more than any one change.",
+               "Slowest tests (s): " + "; ".join(f"{name} {seconds}" for name, seconds in slowest_tests(junit))],
     ), args.out)
     shutil.rmtree(folder)
 

@@ -136,14 +136,15 @@ def test_the_gpu_benchmark_refuses_a_machine_without_gpus_in_one_line(tmp_path):
     assert not out.exists()
 
 
-def test_the_suites_record_sums_each_test_files_seconds_slowest_first(tmp_path):
-    from bench.suite import seconds_per_file
+def test_the_suites_record_sums_each_test_files_seconds_and_names_the_slowest_tests(tmp_path):
+    from bench.suite import seconds_per_file, slowest_tests
 
     junit = tmp_path / "junit.xml"
     junit.write_text("""<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
     <testcase classname="tests.test_a" name="test_one" time="1.25" /><testcase classname="tests.test_b" name="test_x"
     time="4.0" /><testcase classname="tests.test_a.TestGroup" name="test_two" time="2.0" /></testsuite></testsuites>""")
     assert seconds_per_file(junit) == [("test_b.py", 4.0), ("test_a.py", 3.2)]
+    assert slowest_tests(junit, 2) == [("test_b.py::test_x", 4.0), ("test_a.py::test_two", 2.0)]
 
 
 def test_throughput_windows_leave_out_tracing_and_the_final_checkpoint():
