@@ -1,7 +1,7 @@
 """README's measured figures: one table in its *Speed* section, rendered from
 ``bench/results.json`` between two markers (``render`` in ``bench/common.py`` writes it with
-``RESULTS.md``). A figure README states anywhere else restates one of this table's cells;
-``tests/test_readme_figures.py`` holds README to both."""
+``RESULTS.md``). A figure README states anywhere else is read from its own cell of the
+results by a claim in ``tests/test_readme_figures.py``, which holds README to both."""
 
 from __future__ import annotations
 
