@@ -211,7 +211,7 @@ def train(config):
         gaps.append(now - last)
         last = now
     with open(config["out"], "w") as out:
-        json.dump({"gaps": gaps, "print": builtins.print.__module__}, out)
+        json.dump({"gaps": gaps, "print": builtins.print.__module__, "nice": os.nice(0)}, out)
 
 connect()
 out = os.path.join(sys.argv[1], "worker.json")
@@ -231,8 +231,10 @@ print(json.dumps(found))
 def test_ray_train_polls_fast_patches_no_print_waits_long_for_workers_and_starts_no_preemption_watcher(tmp_path):
     """One Ray Train run under ``connect``'s settings: reports are taken every 0.5 s, not 2 s (a
     worker's report waits for the last one's poll); a worker's ``print`` is Python's; the
-    controller has 1800 s for its workers to start; no preemption watcher on one machine; and the
-    head node's own resource is there for the trials' processes."""
+    worker runs at nice 0, not Ray's 15; the controller has 1800 s for its workers to start; no
+    preemption watcher on one machine; and the head node's own resource is there for the trials'
+    processes."""
+    from ray._private import ray_constants
     from ray.train.v2._internal import constants
 
     from detsweep.adapters import ray as adapter
@@ -240,12 +242,14 @@ def test_ray_train_polls_fast_patches_no_print_waits_long_for_workers_and_starts
     assert (constants.HEALTH_CHECK_INTERVAL_S_ENV_VAR, constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR,
             constants.ENABLE_PRINT_PATCH_ENV_VAR, constants.ENABLE_PREEMPTION_WATCHER_ENV_VAR) == (
         adapter.POLL_INTERVAL, adapter.START_TIMEOUT, adapter.PRINT_PATCH, adapter.PREEMPTION_WATCHER)
+    assert ray_constants.RAY_WORKER_NICENESS == adapter.WORKER_NICENESS
     env = {name: value for name, value in cli_environment().items() if not name.startswith("RAY_TRAIN_")}
     result = run_bounded([sys.executable, "-c", RAY_TRAIN_PROBE, str(tmp_path)], cwd=REPO, env=env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.splitlines()[-1])
     assert statistics.median(found["gaps"][1:]) < 1.2, found["gaps"]
     assert found["print"] == "builtins"
+    assert found["nice"] == 0
     assert found["controller_start_timeout"] == "1800"
     assert found["watchers"] == 0
     assert found["head_resource"] == 1.0

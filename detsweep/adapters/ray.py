@@ -1,5 +1,5 @@
 """Ray's undocumented parts (Ray 2.60) that detsweep relies on: Ray Train's settings that only
-environment variables set, the head node's own resource, Tune's result loggers kept from losing
+environment variables set, the priority of Ray's worker processes, the head node's own resource, Tune's result loggers kept from losing
 rows when a trial starts again, and what detsweep's schedulers (``sweeps/rungs.py``) need beyond
 Tune's scheduler interface: the order Tune created its trials in, the budget TuneBOHB learns
 from, and a trial stopped while paused written to the experiment's saved state.
@@ -27,6 +27,9 @@ POLL_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # seconds between the contr
 START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # how long a worker group may wait for its resources
 PRINT_PATCH = "RAY_TRAIN_ENABLE_PRINT_PATCH"  # every print in a worker routed through Ray Train's logger
 PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # an actor per run that watches for spot preemption
+# The niceness each Ray worker process gives itself as it starts (Ray's config ``worker_niceness``,
+# 15 by default; Ray Jobs set 0 for their drivers the same way, ``job_manager.py``).
+WORKER_NICENESS = "RAY_worker_niceness"
 
 
 def train_environment(local: bool) -> dict[str, str]:
@@ -43,6 +46,11 @@ def train_environment(local: bool) -> dict[str, str]:
         # evaluates often would wait for Ray's 2 s, and a trial's end is seen a poll later. A poll
         # costs the controller one small call per worker.
         POLL_INTERVAL: "0.5",
+        # A trial is the machine's main work. At Ray's nice 15 it yields to any other process: a
+        # `detsweep train` beside two busy processes got 4 % of a core and had not finished its
+        # first loop after 8 minutes. At 0 it shares the cores as any program does (Ray's own
+        # daemons run at 0 too).
+        WORKER_NICENESS: "0",
     }
     if local:  # nothing to preempt on one machine: one process less per trial start
         ours[PREEMPTION_WATCHER] = "0"
