@@ -76,8 +76,10 @@ def repeat_gaps(fifo: dict, other: dict, metric: str, num_steps: int) -> list[fl
 def noise_note(gaps: list[float], metric: str, num_steps: int) -> str:
     if not gaps:
         return f"No configuration trained all {num_steps} steps in both sweeps: no measure of run-to-run noise."
-    return (f"Run-to-run noise: {len(gaps)} configurations trained all {num_steps} steps in both sweeps; their final "
-            f"{metric} differed by {median(gaps):.3f} in the median, {gaps[-1]:.3f} at most.")
+    same = sum(gap == 0 for gap in gaps)
+    return (f"Run-to-run noise: {len(gaps)} configurations trained all {num_steps} steps in both sweeps, {same} of "
+            f"them to the same final {metric}, to the last digit; it differed by {median(gaps):.3f} in the median, "
+            f"{gaps[-1]:.3f} at most.")
 
 
 def main() -> None:

@@ -81,10 +81,14 @@ def training_dataset(
     batch_size: int,
     seed: int,
     shard: tuple[int, int] = (1, 0),
+    skip: int = 0,
 ) -> tf.data.Dataset:
     """Endless, shuffled batches of ``(images, {"boxes", "labels"})`` for one input pipeline.
 
     ``shard = (num_pipelines, index)``: each worker reads a disjoint part of the data.
+    ``skip``: the examples this pipeline's seed already gave (a resumed run's): the batches
+    go on exactly where an unbroken run's would be, at the cost of drawing the skipped
+    examples' order and seeds, not of decoding them.
     """
     from_files = dataset.examples[0].encoded is None
     data = tf.data.Dataset.from_tensor_slices(to_tensors(dataset, spec.max_boxes))
@@ -93,7 +97,7 @@ def training_dataset(
     # same seed, whichever threads map them (stateful draws would follow the threads' order).
     seeds = tf.data.Dataset.random(seed=seed).batch(2)
     # One map for the whole example: each map is a stage of its own, with its own buffers
-    data = tf.data.Dataset.zip((data, seeds)).map(
+    data = tf.data.Dataset.zip((data, seeds)).skip(skip).map(
         lambda e, s: training_example({**e, "seed": s}, spec, augmentation, from_files),
         num_parallel_calls=tf.data.AUTOTUNE)
     return data.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -135,7 +135,9 @@ def with_first_report_extras(report: Reporter, extras: Callable[[], dict]) -> Re
 
 def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSet, spec: InputSpec,
                         config: TrialConfig, step: int) -> Iterator:
-    """Each worker's shard of the training batches, seeded by the step it starts from."""
+    """Each worker's shard of the training batches from ``step`` on: the batches an unbroken
+    run would train on there, so that a run paused and resumed (halving, PBT, a lost worker)
+    trains as one that never stopped."""
     train = config.train
 
     def input_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -147,8 +149,9 @@ def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSe
         return training_dataset(
             train_set, spec, config.data.augmentation,
             batch_size=input_context.get_per_replica_batch_size(train.batch_size),
-            seed=train.seed + 1000 * index + step,
+            seed=train.seed + 1000 * index,
             shard=(shards, index),
+            skip=step * (train.batch_size // shards),  # each pipeline gives its share of a step's batch
         )
 
     return iter(strategy.distribute_datasets_from_function(input_fn))
