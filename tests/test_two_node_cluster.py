@@ -142,8 +142,9 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
     tag or artifact. A second launch of the sweep is refused
     and changes nothing. Then the cluster goes as ``ray down`` takes it (Ray, its results folder
     and the head's disk) and a new one comes up, its head's server on the same database and
-    bucket: ``best`` and ``finetune --from best:`` work from MLflow alone (the fine-tune starts
-    from the checkpoint ``best`` ranked first), every trial's metric history is whole, and after
+    bucket: ``best`` and ``finetune CONFIG.yaml --from best:`` work from MLflow alone (the
+    fine-tune starts from the checkpoint ``best`` ranked first, the file's settings merged over
+    that checkpoint's config, its results in a bucket), every trial's metric history is whole, and after
     ``mlflow gc`` the bucket holds the files of each trial's best and latest checkpoints only
     (of five each)."""
     import optuna
@@ -247,12 +248,22 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
         ranked = json.loads(best.stdout)["trials"][0]
         assert ranked["run_id"] == report["best"]["mlflow_run_id"] and ranked["checkpoint"].startswith("models:/m-")
 
-        tuned = run_cli("finetune", "--from", "best:outlives", "--address", cluster.address, "--storage",
-                        str(tmp_path / "ray2"), "--set", "train.num_steps=4", "--set", "train.eval_every=4", "--set",
-                        "train.checkpoint_every=4", "--set", "train.steps_per_loop=2",
-                        "--set", "optimizer.learning_rate.total_steps=4", "--json", cwd=tmp_path, env=new)
+        # a positional CONFIG.yaml: what it sets is merged over the checkpoint's own config, then
+        # --set; its results in a bucket, as a cluster keeps them
+        shorter = tmp_path / "shorter.yaml"
+        shorter.write_text("train: {num_steps: 4, steps_per_loop: 2, eval_every: 4, checkpoint_every: 4}\n")
+        bucket = tracking_stack.s3.new_bucket("finetuned")
+        tuned = run_cli("finetune", str(shorter), "--from", "best:outlives", "--address", cluster.address,
+                        "--storage", f"s3://{bucket}/finetune", "--set", "optimizer.learning_rate.total_steps=4",
+                        "--json", cwd=tmp_path, env={**new, **tracking_stack.s3.env})
         assert tuned.returncode == 0, tuned.stderr[-3000:]
-        assert json.loads(tuned.stdout)["source"]["checkpoint"] == ranked["checkpoint"]
+        out = json.loads(tuned.stdout)
+        assert out["source"]["checkpoint"] == ranked["checkpoint"] and out["steps"] == 4
+        assert out["checkpoint"].startswith(f"s3://{bucket}/finetune/")
+        params = client.get_run(out["mlflow"]["run_id"]).data.params
+        assert (params["train.num_steps"], params["train.eval_every"], params["optimizer.learning_rate.total_steps"]) == (
+            "4", "4", "4")
+        assert params["model.backbone"] == "resnet_tiny" and params["data.train.format"] == "synthetic"  # the checkpoint's own
 
         # mlflow gc, as the cluster file runs it hourly: the bucket keeps the files of the models
         # MLflow keeps (each trial's best and latest checkpoint, the fine-tune's, the registered
@@ -307,9 +318,10 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
     fingerprint, logged where a run continues from a checkpoint), its config, a new EMA decay.
     Synchronous PBT makes that certain: whichever trial gets to step 20 first waits for the
     other, so both have a score when the exploit is decided. The next perturbation (step 40)
-    is past the end. The best checkpoint is a bucket URI that ``status``, registration and
-    ``finetune CONFIG.yaml --from checkpoint:`` read (``export`` reads it by the same code,
-    ``source.local_copy``), and no Ray Train run is left beside the sweep."""
+    is past the end. The best checkpoint is a bucket URI that ``status`` and registration read
+    (``finetune`` and ``export`` read a bucket's checkpoint by ``source.local_copy``, read here
+    for the donor's; a fine-tune from a run's checkpoint: ``test_finetune``), and no Ray Train
+    run is left beside the sweep."""
     from mlflow import MlflowClient
 
     from detsweep.checkpoints import read_step
@@ -395,24 +407,6 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
             donor_l1 = weights_fingerprint(load_trained_model(donor_checkpoint).model)
     assert restored == {"restore/step": [(30, 20)], "restore/weights_l1": [(30, pytest.approx(donor_l1, rel=1e-12))]}, restored
 
-    # a positional CONFIG.yaml: what it sets is merged over the checkpoint's own config, then --set
-    best = report["best"]["checkpoint"]
-    shorter = tmp_path / "shorter.yaml"
-    shorter.write_text("train: {num_steps: 5, steps_per_loop: 5, eval_every: 5, checkpoint_every: 5}\n")
-    tuned = run_cli("finetune", str(shorter), "--from", f"checkpoint:{best}", "--set",
-                    "optimizer.learning_rate.total_steps=5", "--storage", f"s3://{bucket}/finetune", "--json",
-                    cwd=tmp_path, env={**s3.env, "DETSWEEP_DATA_CACHE": str(cache)}, timeout=400)
-    assert tuned.returncode == 0, tuned.stderr[-3000:]
-    out = json.loads(tuned.stdout)
-    assert out["source"] == {"spec": f"checkpoint:{best}", "checkpoint": best, "run_id": None}
-    assert out["steps"] == 5 and out["warm_start"]["fresh"] == [] and out["warm_start"]["step"] == 0
-    assert out["checkpoint"].startswith(f"s3://{bucket}/finetune/")  # its own results in the bucket too
-    run = MlflowClient(out["mlflow"]["tracking_uri"]).get_run(out["mlflow"]["run_id"])
-    params = run.data.params
-    assert (params["train.num_steps"], params["train.eval_every"], params["optimizer.learning_rate.total_steps"]) == (
-        "5", "5", "5")
-    assert params["model.backbone"] == "resnet_tiny" and params["data.train.format"] == "coco"  # the checkpoint's own
-    assert "mlflow.parentRunId" not in run.data.tags and run.info.status == "FINISHED"
     missing = run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
                       timeout=120)
     assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
