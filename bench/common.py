@@ -18,6 +18,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -136,6 +137,18 @@ def render(results_path: Path = RESULTS_JSON, markdown: Path = RESULTS_MD) -> No
         from .readme import rewrite
 
         README.write_text(rewrite(README.read_text(), results))
+
+
+def fresh_clone(prefix: str) -> tuple[str, Path, Path]:
+    """A ``git clone`` of this repository's last commit in a new temporary folder, as a new
+    user gets it: the commit's short hash, the clone, and the folder holding it (delete it
+    when done)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    clone = folder / REPO.name
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    return commit, clone, folder
 
 
 def arguments(description: str) -> argparse.ArgumentParser:

@@ -13,11 +13,10 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from .common import REPO, Entry, Target, arguments, record
+from .common import Entry, Target, arguments, fresh_clone, record
 
 GOAL_S = 300  # a fresh clone's make demo, install included, on a quiet machine
 BUSY = "while True: pass"  # one per core: the machine's other work, at the same priority as the demo
@@ -59,11 +58,8 @@ def decisions(report: dict) -> tuple[dict[str, tuple[str, int]], str]:
 
 def main() -> None:
     args = arguments(__doc__.splitlines()[0]).parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                            check=True).stdout.strip()
-    folder = Path(tempfile.mkdtemp(prefix="detsweep-demo-"))
-    clone, log = folder / REPO.name, folder / "make.log"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    commit, clone, folder = fresh_clone("detsweep-demo-")
+    log = folder / "make.log"
     print(f"make demo twice in {clone} (commit {commit}), the second beside two busy processes; output in {log}",
           flush=True)
     quiet_s, quiet = demo(clone, log)

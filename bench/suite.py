@@ -14,13 +14,12 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from pathlib import Path
 
-from .common import REPO, Entry, arguments, record
+from .common import REPO, Entry, arguments, fresh_clone, record
 
 PASSED = re.compile(r"=+ (\d+) passed.* in ([\d.]+)s")
 
@@ -60,11 +59,8 @@ def timed(command: list[str], folder: Path, log: Path, env: dict[str, str] | Non
 
 def main() -> None:
     args = arguments(__doc__.splitlines()[0]).parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                            check=True).stdout.strip()
-    folder = Path(tempfile.mkdtemp(prefix="detsweep-suite-"))
-    clone, log = folder / REPO.name, folder / "make.log"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    commit, clone, folder = fresh_clone("detsweep-suite-")
+    log = folder / "make.log"
     (folder / "shared").symlink_to(REPO.parent / "shared")  # the datasets, where CI has them too
     print(f"make test, then make demo, in {clone} (commit {commit}); their output in {log}", flush=True)
     junit = folder / "junit.xml"

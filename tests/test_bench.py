@@ -68,6 +68,10 @@ def allocator(results: dict) -> None:
 def early_stopping(results: dict) -> None:
     # it launched the seeded random quickstart sweep twice (FIFO, its own scheduler): the same draws
     assert results["early_stopping"]["notes"][0] == "Both sweeps drew the same configurations.", results
+    # each trial on one thread gives the same numbers on every run: the configuration both
+    # sweeps trained to the end scored the same in both, to the last digit
+    assert results["early_stopping"]["notes"][1].startswith(
+        "Run-to-run noise: 1 configurations trained all 4 steps in both sweeps, 1 of them to the same final "), results
 
 
 def replay_settings(results: dict) -> None:
@@ -145,6 +149,23 @@ def test_the_suites_record_sums_each_test_files_seconds_and_names_the_slowest_te
     time="4.0" /><testcase classname="tests.test_a.TestGroup" name="test_two" time="2.0" /></testsuite></testsuites>""")
     assert seconds_per_file(junit) == [("test_b.py", 4.0), ("test_a.py", 3.2)]
     assert slowest_tests(junit, 2) == [("test_b.py::test_x", 4.0), ("test_a.py::test_two", 2.0)]
+
+
+def test_the_demo_bench_compares_what_two_sweeps_decided_by_the_trials_drawn_values():
+    from bench.demo import decisions, outcome
+
+    def report(scores: list[float], steps: list[int], best: int) -> dict:
+        trials = [{"config": {"optimizer.learning_rate.learning_rate_base": rate, "optimizer.moving_average_decay": 0.99},
+                   "status": "TERMINATED" if step == 300 else "STOPPED", "metrics": {"step": step, "eval/AP_best": score}}
+                  for rate, score, step in zip((0.031, 0.045), scores, steps)]
+        return {"metric": "eval/AP_best", "trials": trials, "best": trials[best]}
+
+    quiet = report([0.2, 0.1], [300, 40], best=0)
+    assert outcome(quiet) == {"learning_rate_base=0.031, moving_average_decay=0.99": ("TERMINATED", 300, 0.2),
+                              "learning_rate_base=0.045, moving_average_decay=0.99": ("STOPPED", 40, 0.1)}
+    assert decisions(quiet) == decisions(report([0.25, 0.1], [300, 40], best=0))  # scores aside, the same sweep
+    assert decisions(quiet) != decisions(report([0.2, 0.1], [300, 120], best=0))  # a trial went further
+    assert decisions(quiet) != decisions(report([0.2, 0.3], [300, 40], best=1))  # another winner
 
 
 def test_throughput_windows_leave_out_tracing_and_the_final_checkpoint():

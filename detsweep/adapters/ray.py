@@ -46,10 +46,9 @@ def train_environment(local: bool) -> dict[str, str]:
         # evaluates often would wait for Ray's 2 s, and a trial's end is seen a poll later. A poll
         # costs the controller one small call per worker.
         POLL_INTERVAL: "0.5",
-        # A trial is the machine's main work. At Ray's nice 15 it yields to any other process: a
-        # `detsweep train` beside two busy processes got 4 % of a core and had not finished its
-        # first loop after 8 minutes. At 0 it shares the cores as any program does (Ray's own
-        # daemons run at 0 too).
+        # A trial is the machine's main work. At Ray's nice 15 it yields to any other process (a
+        # `detsweep train` beside two busy processes had not finished its first loop after 8
+        # minutes); at 0 it shares the cores as any program does, as Ray's own daemons do.
         WORKER_NICENESS: "0",
     }
     if local:  # nothing to preempt on one machine: one process less per trial start
