@@ -1,8 +1,9 @@
 """Ray's undocumented parts (Ray 2.60) that detsweep relies on: Ray Train's settings that only
-environment variables set, the priority of Ray's worker processes, the head node's own resource, Tune's result loggers kept from losing
-rows when a trial starts again, and what detsweep's schedulers (``sweeps/rungs.py``) need beyond
-Tune's scheduler interface: the order Tune created its trials in, the budget TuneBOHB learns
-from, and a trial stopped while paused written to the experiment's saved state.
+environment variables set, the priority of Ray's worker processes, the head node's own
+resource, Tune's result loggers kept from losing rows when a trial starts again, and what
+detsweep's schedulers (``sweeps/rungs.py``) need beyond Tune's scheduler interface: the order
+Tune created its trials in, the budget TuneBOHB learns from, and a trial stopped while paused
+written to the experiment's saved state.
 
 Nothing here imports Ray when this module is imported: ``detsweep.cluster`` uses it before any
 command has decided to start Ray.
@@ -33,7 +34,8 @@ WORKER_NICENESS = "RAY_worker_niceness"
 
 
 def train_environment(local: bool) -> dict[str, str]:
-    """The values detsweep gives Ray Train's settings, each the user's own where it is set."""
+    """The values detsweep gives Ray Train's settings and its workers' priority (environment
+    variables every Ray worker gets), each the user's own where it is set."""
     ours = {
         # A trial stopped by a scheduler frees its workers' CPUs a little after it ends; the next
         # trial's workers wait for them instead of failing after Ray Train's default 60 s.
