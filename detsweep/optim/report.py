@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,14 +29,15 @@ def schedule_png(config: TrialConfig) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from detsweep.evaluation.pictures import png_of
-
     steps = list(range(0, config.train.num_steps + 1, max(1, config.train.num_steps // 500)))
     figure, axes = plt.subplots(figsize=(6, 3.5), layout="constrained")
     axes.plot(steps, learning_rates(config.optimizer.learning_rate, steps))
     axes.set(xlabel="step", ylabel="learning rate", title=f"{config.optimizer.learning_rate.type} schedule")
     axes.grid(alpha=0.3)
-    return png_of(figure)
+    out = io.BytesIO()
+    figure.savefig(out, format="png", dpi=72)
+    plt.close(figure)
+    return out.getvalue()
 
 
 def optimizer_report(config: TrialConfig, steps: Sequence[int]) -> dict[str, Any]:
