@@ -172,7 +172,7 @@ def saved_trials(experiment: Path) -> dict[str, tuple[str, int]]:
 def test_bohb_resumed_after_its_driver_died_with_trials_waiting_and_after_a_ranking_ranks_the_bracket_once(tmp_path):
     """``algorithm: bohb``: HyperBand counts reports (3 here, one every 10 steps); with a factor
     of 3 its largest bracket holds 3 trials, ranks them at their first report, keeps 1 and
-    trains it to the end. One trial at a time, so the first two pause at step 10 and wait for
+    trains it to the end. Two trials at a time: the first two pause at step 10 and wait for
     the third. The driver is killed while they wait, and again once the bracket was ranked and
     the trial it kept trained past step 10. Each ``resume`` rebuilds the bracket from the trials
     and the searcher from its saved state: the waiting trials are not started before the
@@ -189,7 +189,7 @@ def test_bohb_resumed_after_its_driver_died_with_trials_waiting_and_after_a_rank
   algorithm: bohb
   seed: 0
   num_samples: 3
-  max_concurrent_trials: 1
+  max_concurrent_trials: 2
   scheduler: {type: hyperband, reduction_factor: 3}
   space:
     optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.01, max: 0.04}
