@@ -141,7 +141,7 @@ FIGURES: list[tuple[str, str, Figure]] = [
     ("the input pipeline (raccoon photos) against what training consumes", "input_pipeline", pipeline),
     ("the input pipeline on one thread at 640 px with the zoo RetinaNet's augmentations (the target: 80)",
      "input_pipeline", pipeline_per_thread),
-    ("live, 16 quickstart configurations: halving's training steps against FIFO's; its best eval/AP_best "
+    ("live, 16 quickstart configurations to step 300: halving's training steps against FIFO's; its best eval/AP_best "
      "against FIFO's", "early_stopping", halving_live),
     ("replayed, 20 seeds: share of FIFO's steps and median regret of ASHA from step 40; the quickstart's "
      "halving; BOHB with HyperBand", "replay_settings", replayed),

@@ -83,7 +83,8 @@ def early_stopping() -> tuple:
     _, fifo_steps, halving_steps = (cells[2] for cells in found["rows"])
     spread = re.search(r"([\d.]+) at most", found["notes"][1])[1]
     aimed = found["targets"][1]["goal"].removeprefix("<= ")
-    return percent(share), halving_steps, fifo_steps, f"{gap:.3f}", spread, aimed
+    return (found["settings"]["samples"], found["settings"]["num_steps"], percent(share), halving_steps, fifo_steps,
+            f"{gap:.3f}", spread, aimed)
 
 
 def allocator() -> tuple:
@@ -110,7 +111,8 @@ CLAIMS: list[tuple[str, Callable[[], tuple]]] = [
      "{} checkpoints READY and none left PENDING, {} GB uploaded.", tracking_load),
     ("{} → {} s fresh, {} → {} s resumed, against a floor of {} s (`startup_1w_before`, `startup_1w`); with 2 "
      "workers a trial, {} s fresh and {} s resumed against a floor of {} s in that run (`startup_2w`).", start_up),
-    ("live, it trained {} of FIFO's steps ({} of {}), and the configuration it kept scored {} AP below FIFO's "
+    ("On {} of its configurations trained to step {} (the recorded curves' budget and cadence; the demo stops at "
+     "step 160), live, it trained {} of FIFO's steps ({} of {}), and the configuration it kept scored {} AP below FIFO's "
      "best: more than one configuration's runs spread ({} at most between two runs), and over the {} aimed at "
      "(`early_stopping`).", early_stopping),
     ("no gain beyond the glibc runs' own spread ({} of {} pairs favoured it", allocator),
