@@ -169,12 +169,13 @@ def under_ray_train(config) -> list[tuple[int, float, float]]:
 
     from detsweep.cluster import connect
     from detsweep.trainables.channel import LoopMetrics
+    from detsweep.trainables.request import TrainingRequest
     from detsweep.trainables.trainer import make_trainer
 
     connect(None)
     reports = Queue(actor_options={"num_cpus": 0})
     with tempfile.TemporaryDirectory() as storage:
-        make_trainer(config, "bench-train-step", reports, storage).fit()
+        make_trainer(TrainingRequest(config, "bench-train-step", storage), reports).fit()
     loops = [item for item in (reports.get() for _ in range(reports.qsize())) if isinstance(item, LoopMetrics)]
     return [(loop.step, loop.at, loop.metrics["train/images_per_sec"]) for loop in loops]
 

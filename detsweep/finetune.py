@@ -56,6 +56,7 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
         summaries, plan = check_inputs(config, request.config_path or request.source)
     from detsweep.cluster import connect
     from detsweep.tracking.backend import trial_environment, use_writer_settings
+    from detsweep.trainables.request import TrainingRequest
     from detsweep.trainables.trial import train_and_log
 
     for line in summaries:
@@ -72,7 +73,8 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
         last["metrics"] = metrics
         last["checkpoint"] = checkpoint_uri(checkpoint) if checkpoint else last["checkpoint"]
 
-    error = train_and_log(config, name, storage_path, run, keep_last, progress=True)
+    request = TrainingRequest(config, name, storage_path, pictures=True, system_metrics=True)
+    error = train_and_log(request, run, keep_last, progress=True)
     run.finish(error=error)
     return {"name": name, "source": source_dict(source), "warm_start": plan_summary(plan),
             "steps": int(last["metrics"].get("step", 0)), "metrics": last["metrics"], "checkpoint": last["checkpoint"],

@@ -2,10 +2,10 @@
 
 A trial's start is spread over processes: the Tune trial builds its trainer, Ray Train
 starts the workers, each worker imports TensorFlow, reads its data, builds the model and
-traces the train step. The clock travels with the run (as a plain dict in Ray Train's
-loop config) and each process marks the end of its phases; the first report carries them
-as ``startup/<phase>_s`` metrics, beside the curves in MLflow and for ``bench/startup.py``.
-Marks are wall-clock times, so phases that span processes are measured on one node's clock.
+traces the train step. The clock travels with the run (in its ``TrainingRequest``) and each
+process marks the end of its phases; the first report carries them as ``startup/<phase>_s``
+metrics, beside the curves in MLflow and for ``bench/startup.py``. Marks are wall-clock
+times, so phases that span processes are measured on one node's clock.
 """
 
 from __future__ import annotations
@@ -44,10 +44,3 @@ class StartupClock:
     def metrics(self) -> dict[str, float]:
         return {**{f"startup/{phase}_s": seconds for phase, seconds in self.phases.items()},
                 "startup/total_s": sum(self.phases.values())}
-
-    def to_dict(self) -> dict:
-        return {"origin": self.origin, "phases": dict(self.phases), "last": self.last}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> StartupClock:
-        return cls(origin=data["origin"], phases=dict(data["phases"]), last=data["last"])

@@ -19,6 +19,7 @@ from ray.util.queue import Queue
 from detsweep.cluster import connect
 from detsweep.config import load_trial_config
 from detsweep.trainables.channel import Evaluation, LoopMetrics, RayReport, RunEnded, in_step_order
+from detsweep.trainables.request import TrainingRequest
 from detsweep.trainables.trainer import make_trainer
 
 from .conftest import REPO
@@ -50,7 +51,8 @@ def main() -> None:
     connect(None)
     reports, counts = Queue(actor_options={"num_cpus": 0}), Queue(actor_options={"num_cpus": 0})
     with tempfile.TemporaryDirectory() as storage:
-        make_trainer(config, "report-flow", reports, storage, callbacks=[CountAtPolls(reports, counts)]).fit()
+        make_trainer(TrainingRequest(config, "report-flow", storage), reports,
+                     callbacks=[CountAtPolls(reports, counts)]).fit()
     arrived = [reports.get() for _ in range(reports.qsize())]
     replay: queue.Queue = queue.Queue()
     for item in [*arrived, RunEnded()]:

@@ -20,6 +20,7 @@ from detsweep.startup import StartupClock
 
 from .channel import NO_NOTES, ForwardReports, RunChannel, RunEnded, RunError, RunNotes, in_step_order
 from .evaluator import evaluation_task
+from .request import TrainingRequest
 from .tf_config import TensorflowWorkers
 from .worker import train_loop_per_worker
 
@@ -65,34 +66,24 @@ def progress_line(metrics: dict, num_steps: int, saved: bool = False) -> str:
     return "  ".join(parts) + ("  [checkpoint]" if saved else "")
 
 
-def make_trainer(config: TrialConfig, name: str, channel: RunChannel, storage_path: str | None = None,
-                 restore_from: str | None = None, pictures: bool = False,
-                 startup: StartupClock | None = None, callbacks: Sequence = (),
-                 system_metrics: bool = False) -> DataParallelTrainer:
-    """``channel``: where the run's reports travel to this process (:mod:`.channel`);
-    ``restore_from``: a checkpoint (a folder or a bucket's URI) to start from when Ray Train has
-    none of its own yet;
-    ``pictures``: rank 0 draws its detections at every evaluation; ``startup``: the run's clock,
-    started when the run was asked for; ``callbacks``: more of Ray Train's, in its controller;
-    ``system_metrics``: each node's first worker logs the node's system metrics to the MLflow run
-    this process publishes on ``channel``.
+def make_trainer(request: TrainingRequest, channel: RunChannel, callbacks: Sequence = ()) -> DataParallelTrainer:
+    """Ray Train's trainer for ``request``; ``channel``: where the run's reports travel to this
+    process (:mod:`.channel`); ``callbacks``: more of Ray Train's, in its controller.
 
     Ray Train's ``TensorflowTrainer`` is this ``DataParallelTrainer`` with Ray's TF_CONFIG
     backend; :class:`TensorflowWorkers` does the same without importing TensorFlow here."""
-    startup = startup or StartupClock()
-    startup.mark("trainer")
-    loop_config = {"trial": config.model_dump(mode="json"), "channel": channel, "restore_from": restore_from,
-                   "pictures": pictures, "startup": startup.to_dict(), "system_metrics": system_metrics}
+    config = request.config
+    request.startup.mark("trainer")
     return DataParallelTrainer(
         train_loop_per_worker,
-        train_loop_config=loop_config,
+        train_loop_config={"request": request, "channel": channel},
         backend_config=TensorflowWorkers(),
         scaling_config=ray_scaling(config.scaling),
-        validation_config=(evaluation_task(config.scaling, channel, pictures)
+        validation_config=(evaluation_task(config.scaling, channel, request.pictures)
                            if config.train.evaluation == "async" else None),
         run_config=ray.train.RunConfig(
-            name=name,
-            storage_path=storage_path,
+            name=request.name,
+            storage_path=request.storage,
             failure_config=ray.train.FailureConfig(max_failures=config.scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
             callbacks=[ForwardReports(channel), *callbacks],
@@ -170,19 +161,16 @@ def check_fit(config: TrialConfig, where: str):
 Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]
 
 
-def stream_training(config: TrialConfig, name: str, storage_path: str | None, on_report: Handler,
-                    restore_from: str | None = None, pictures: bool = False,
-                    startup: StartupClock | None = None, notes: RunNotes = NO_NOTES,
-                    channel: RunChannel | None = None, system_metrics: bool = False) -> str | None:
-    """Train ``config`` through Ray Train, handing ``on_report`` every loop's metrics in step
-    order, in this thread, with the checkpoint where a loop saved one; ``notes`` hears of failed
-    workers and of steps trained again after a restart; ``channel``: the run's (a new one by
-    default), on which, with ``system_metrics``, this process publishes the MLflow run the
-    workers' nodes log their system metrics to. Returns why training failed, or None. The
-    workers never wait for this process (:mod:`.channel`)."""
+def stream_training(request: TrainingRequest, on_report: Handler, notes: RunNotes = NO_NOTES,
+                    channel: RunChannel | None = None) -> str | None:
+    """Train as ``request`` asks through Ray Train, handing ``on_report`` every loop's metrics
+    in step order, in this thread, with the checkpoint where a loop saved one; ``notes`` hears
+    of failed workers and of steps trained again after a restart; ``channel``: the run's (a new
+    one by default), on which, for ``request.system_metrics``, this process publishes the MLflow
+    run the workers' nodes log their system metrics to. Returns why training failed, or None.
+    The workers never wait for this process (:mod:`.channel`)."""
     channel = channel or RunChannel()
-    trainer = make_trainer(config, name, channel, storage_path, restore_from=restore_from, pictures=pictures,
-                           startup=startup, system_metrics=system_metrics)
+    trainer = make_trainer(request, channel)
     failure: list[BaseException] = []
 
     def fit() -> None:
@@ -230,7 +218,7 @@ def run_train(config: TrialConfig, name: str, address: str | None = None,
         last["metrics"] = metrics
         last["checkpoint"] = checkpoint_uri(checkpoint) if checkpoint else last["checkpoint"]
 
-    error = stream_training(config, name, storage_path, keep_last, startup=startup, notes=ConsoleNotes())
+    error = stream_training(TrainingRequest(config, name, storage_path, startup=startup), keep_last, ConsoleNotes())
     if error:
         return TrainOutcome(steps=0, metrics={}, checkpoint=None, error=error)
     metrics = last["metrics"]

@@ -26,6 +26,7 @@ from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialRun
 
 from .channel import RunChannel
+from .request import TrainingRequest
 from .trainer import ProgressLines, stream_training
 
 
@@ -72,9 +73,10 @@ def run_trial(tune_config: dict[str, Any]) -> None:
             reported = ray.tune.Checkpoint(checkpoint.path, checkpoint.filesystem) if checkpoint else None
             ray.tune.report(metrics, checkpoint=reported)
 
+    request = TrainingRequest(config, name, tune_config.get("storage"), checkpoint_uri(restore) if restore else None,
+                              pictures=True, system_metrics=True, startup=startup)
     try:
-        reason = train_and_log(config, name, tune_config.get("storage"), run, to_tune,
-                               restore_from=checkpoint_uri(restore) if restore else None, startup=startup)
+        reason = train_and_log(request, run, to_tune)
     except BaseException:  # stopped by the scheduler or the sweep's end: the driver ends the run
         run.close()
         raise
@@ -89,17 +91,16 @@ def run_trial(tune_config: dict[str, Any]) -> None:
         raise TrialFailed(reason)
 
 
-def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run: TrialRun,
-                  on_report: Callable[[dict, Any], None], restore_from: str | None = None,
-                  progress: bool = False, startup: StartupClock | None = None) -> str | None:
-    """Train ``config`` through Ray Train; every report goes to ``run`` (MLflow), to this
-    process's console when ``progress``, then, without its pictures, to ``on_report``; a step
-    trained again after a restart, and failed workers, are noted on ``run``. The workers start
-    while ``run`` opens, and log their nodes' system metrics to it once it is open. Returns why
-    training failed, or None."""
+def train_and_log(request: TrainingRequest, run: TrialRun, on_report: Callable[[dict, Any], None],
+                  progress: bool = False) -> str | None:
+    """Train as ``request`` asks through Ray Train; every report goes to ``run`` (MLflow), to
+    this process's console when ``progress``, then, without its pictures, to ``on_report``; a
+    step trained again after a restart, and failed workers, are noted on ``run``. The workers
+    start while ``run`` opens, and (``request.system_metrics``) log their nodes' system metrics
+    to it once it is open. Returns why training failed, or None."""
     channel = RunChannel()
     run.when_open(lambda target: channel.publish("system_metrics", target))
-    lines = ProgressLines(config.train.num_steps) if progress else None
+    lines = ProgressLines(request.config.train.num_steps) if progress else None
 
     def log(metrics: dict, checkpoint) -> None:
         run.log_report(metrics, checkpoint)
@@ -107,8 +108,7 @@ def train_and_log(config: TrialConfig, name: str, storage_path: str | None, run:
             lines(metrics, checkpoint)
         on_report(without_pictures(metrics), checkpoint)
 
-    return stream_training(config, name, storage_path, log, restore_from=restore_from, pictures=True, startup=startup,
-                           notes=run, channel=channel, system_metrics=True)
+    return stream_training(request, log, notes=run, channel=channel)
 
 
 def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) -> TrialRun:

@@ -15,6 +15,7 @@ from detsweep.config import TrialConfig
 from detsweep.startup import StartupClock
 
 from .channel import LoopMetrics, LoopSender, RunChannel, TrainingFailed
+from .request import TrainingRequest
 
 
 def quiet_info_logging() -> None:
@@ -78,13 +79,16 @@ class NodeMonitor:
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
-    """Resume from Ray's latest checkpoint when there is one (a restarted worker group),
-    else from ``restore_from`` (a Tune checkpoint: PBT, a resumed sweep); train; rank 0 sends
-    every loop's metrics down the run's queue, and every worker reports each milestone to Ray
-    Train (Ray keeps rank 0's metrics; checkpoints come from rank 0), see :mod:`.channel`."""
+    """Train as the run's :class:`TrainingRequest` asks: resume from Ray's latest checkpoint when
+    there is one (a restarted worker group), else from ``request.restore_from`` (a Tune
+    checkpoint: PBT, a resumed sweep); train; rank 0 sends every loop's metrics down the run's
+    channel, and every worker reports each milestone to Ray Train (Ray keeps rank 0's metrics;
+    checkpoints come from rank 0), see :mod:`.channel`."""
+    request: TrainingRequest = loop_config["request"]
+    channel: RunChannel = loop_config["channel"]
     latest = ray.train.get_checkpoint()
     # A worker group Ray Train restarted times its own start: the trial's began long before.
-    startup = StartupClock.from_dict(loop_config["startup"]) if loop_config.get("startup") and not latest else StartupClock()
+    startup = request.startup if not latest else StartupClock()
     startup.mark("workers")
     from detsweep.train import (  # TensorFlow loads here only
         Milestone,
@@ -97,11 +101,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     startup.mark("imports")
     quiet_info_logging()
-    config = TrialConfig.model_validate(loop_config["trial"])
+    config = request.config
     rank = ray.train.get_context().get_world_rank()
-    channel: RunChannel = loop_config["channel"]
     sender = LoopSender(channel) if rank == 0 else None
-    monitors = loop_config.get("system_metrics") and ray.train.get_context().get_local_rank() == 0
+    monitors = request.system_metrics and ray.train.get_context().get_local_rank() == 0
     monitor: NodeMonitor | None = None
 
     def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone) -> None:
@@ -120,19 +123,18 @@ def train_loop_per_worker(loop_config: dict) -> None:
         # Ray Train takes the validation request from the worker whose checkpoint it keeps: rank 0.
         ray.train.report(metrics, checkpoint=checkpoint, validation=elsewhere and checkpoint is not None)
 
-    if latest is None and loop_config.get("restore_from"):
-        latest = ray.train.Checkpoint(loop_config["restore_from"])
+    if latest is None and request.restore_from:
+        latest = ray.train.Checkpoint(request.restore_from)
     try:
         with contextlib.ExitStack() as stack:
             restore_from = Path(stack.enter_context(latest.as_directory())) if latest else None
             # A fine-tune starts from another training's checkpoint unless it resumes its own.
             fine_tune = config.train.fine_tune if restore_from is None else None
             fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
-            pictures = loop_config.get("pictures", False)
-            context = WorkerContext(rank=rank, restore_from=restore_from, pictures=pictures,
+            context = WorkerContext(rank=rank, restore_from=restore_from, pictures=request.pictures,
                                     startup=startup, fine_tune_from=fine_tune_from)
             run_training(config, with_first_report_extras(report, lambda: first_report_extras(
-                startup, config, schedule_picture=pictures and rank == 0)), context)
+                startup, config, schedule_picture=request.pictures and rank == 0)), context)
     except TrainingDiverged as diverged:
         # Not a fault for Ray Train to restart the workers from (max_failures): from their last
         # checkpoint the same steps diverge again. Every worker ends here, at the same step (the
