@@ -184,22 +184,21 @@ def train_command(args: argparse.Namespace) -> int:
     import time
 
     from detsweep.config import load_trial_config
-    from detsweep.sweeps.resources import check_worker_fits, cluster_capacity, this_machine
-    from detsweep.trainables.trainer import check_inputs, run_train
+    from detsweep.preflight import Preflight, preflight
+    from detsweep.preflight.capacity import check_worker_fits, cluster_capacity, this_machine
+    from detsweep.trainables.trainer import run_train
 
     config = load_trial_config(args.config, args.overrides)
-    where = f"{args.config}: scaling"
     joins = bool(args.address or os.environ.get("RAY_ADDRESS"))
-    if not joins:  # a local cluster: what it will hold is known before it starts
-        check_worker_fits(config.scaling, this_machine(), where)
     out = console.take_over(args.json, args.verbose)  # with --json, the progress lines go to stderr
-    summaries, _ = check_inputs(config, args.config)
-    for line in summaries:
+    # a local cluster: what it will hold is known before it starts
+    cleared = preflight(Preflight(config, args.config, capacity=None if joins else this_machine()))
+    for line in cleared.notes + cleared.summaries:
         print(line, file=console.err())
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     def check_cluster() -> None:  # a cluster joined: what its nodes (or node types) hold, once connected
         if joins:
-            check_worker_fits(config.scaling, cluster_capacity()[0], where)
+            check_worker_fits(config.scaling, cluster_capacity()[0], f"{args.config}: scaling")
 
     outcome = run_train(config, name, address=args.address, storage_path=args.storage, check_cluster=check_cluster)
     if outcome.error:

@@ -21,6 +21,7 @@ from detsweep.cluster import run_folder
 from detsweep.config import TrackingConfig, TrialConfig, read_trial_tree, validate
 from detsweep.config.loader import merge_trees, read_yaml_mapping, resolve_data_paths
 from detsweep.errors import stderr_held_back
+from detsweep.preflight import Preflight, preflight
 from detsweep.tracking.backend import Backend, check_backend, resolve_backend
 from detsweep.tracking.source import CheckpointSource, fetched, resolve_source
 
@@ -51,16 +52,15 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
         source = resolve_source(request.source, backend)
         config = fine_tune_config(request, source, backend)
         # Ray Train (a second to import) loads only once the source and config above passed
-        from detsweep.trainables.trainer import check_inputs
-
-        summaries, plan = check_inputs(config, request.config_path or request.source)
+        cleared = preflight(Preflight(config, request.config_path or request.source))
     from detsweep.cluster import connect
     from detsweep.tracking.backend import trial_environment, use_writer_settings
     from detsweep.trainables.request import TrainingRequest
     from detsweep.trainables.trial import train_and_log
 
-    for line in summaries:
+    for line in cleared.notes + cleared.summaries:
         print(line, file=console.err())
+    plan = cleared.plan
     name = f"finetune-{time.strftime('%Y%m%d-%H%M%S')}"
     console.keep_log_in(run_folder(storage_path, name), "finetune.log")
     use_writer_settings()  # its run logs as a trial's does; set before Ray's threads run
@@ -126,14 +126,14 @@ def open_finetune_run(config: TrialConfig, source: CheckpointSource, backend: Ba
     from mlflow import MlflowClient
 
     from detsweep.tracking.sweep_run import experiment_id
-    from detsweep.tracking.trial_run import ROLE_TAG, RunLink, TrialRun
+    from detsweep.tracking.trial_run import ROLE_TAG, RunLink, TrialIdentity, TrialRun
 
     experiment = source.experiment_id or experiment_id(MlflowClient(backend.uri),
                                                        config.tracking.experiment or DEFAULT_EXPERIMENT, backend)
     link = RunLink(backend.uri, experiment, source.parent_run_id)
     tags = source_tags(source) | {ROLE_TAG: "finetune", "detsweep.warm_start.restored": str(len(plan.restored)),
                                   "detsweep.warm_start.fresh": str(len(plan.fresh))}
-    run = TrialRun(link, name, name, config, {}, "eval/AP_best", "max", tags=tags)
+    run = TrialRun(link, TrialIdentity(name, name), config, tags=tags)
     run.log_dict(plan.to_dict(), "warm_start.json")
     return run
 

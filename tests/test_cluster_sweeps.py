@@ -82,7 +82,8 @@ def test_a_cluster_file_whose_node_type_declares_no_resources_is_one_line(write)
 
 
 def test_trials_at_once_follow_what_the_cluster_can_grow_to_within_its_max_workers(write):
-    from detsweep.sweeps.resources import from_cluster_config, trials_at_once
+    from detsweep.preflight.capacity import from_cluster_config
+    from detsweep.sweeps.resources import trials_at_once
     from detsweep.sweeps.spec import load_sweep
 
     config = yaml.safe_load(CLUSTER_FILE.read_text())

@@ -212,13 +212,13 @@ def test_a_finished_experiments_full_curves_replay_as_the_file_does(local_cluste
     replay to the figures the curves file gives."""
     from detsweep.sweeps.experiment import as_run
     from detsweep.sweeps.replay import curves_file, load_curves, replay_once
-    from detsweep.tracking import TrialRun, open_sweep_run, resolve_backend
+    from detsweep.tracking import TrialIdentity, TrialRun, open_sweep_run, resolve_backend
 
     monkeypatch.chdir(tmp_path)  # MLflow's embedded default: mlflow.db here
     sweep = sweep_with(write, tmp_path, ASHA_ON_THE_LOSS)
     link = open_sweep_run(sweep, str(tmp_path / "ray" / sweep.name), resolve_backend(sweep.base.tracking), as_run(sweep))
     for number, (rate, (loss, aps)) in enumerate([*HAND_MADE.items(), (0.03, (3.0, [0.9]))]):
-        run = TrialRun(link, f"t_{number:05d}", f"trial_t_{number:05d}", sweep.base, {LR: rate}, "eval/AP_best", "max")
+        run = TrialRun(link, TrialIdentity(f"t_{number:05d}", f"trial_t_{number:05d}", {LR: rate}, "eval/AP_best", "max"), sweep.base)
         for index, ap in enumerate(aps):
             run.log_report({"step": 10 * (index + 1), "train/loss": loss, "eval/AP_best": ap})
         run.finish()

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from detsweep.config import load_trial_config
-from detsweep.trainables.trainer import check_data
+from detsweep.preflight.checks import read_data
 
 from .conftest import REPO, run_cli
 
@@ -19,7 +19,7 @@ def test_shipped_config_validates(path):
 
 
 def test_raccoon_config_splits_160_train_40_val():
-    lines = check_data(load_trial_config(REPO / "configs" / "raccoon.yaml"))
+    lines = read_data(load_trial_config(REPO / "configs" / "raccoon.yaml"))
     assert "[0:160]: 160 images, 173 boxes, 1 category" in lines[0]  # the summary names the subset
     assert "[160:200]: 40 images, 44 boxes" in lines[1]
     config = load_trial_config(REPO / "configs" / "raccoon.yaml")

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from detsweep.errors import DetsweepError
+from detsweep.preflight.capacity import Capacity, NodeType, this_machine
 from detsweep.sweeps import load_sweep
 from detsweep.sweeps.launch import validation_report
-from detsweep.sweeps.resources import Capacity, NodeType, this_machine
 
 from .conftest import REPO, run_bounded, run_cli, without_the_unread_preset
 from .test_cluster_sweeps import coco_in_bucket

@@ -18,7 +18,7 @@ import pytest
 
 from detsweep.config import TrackingConfig
 from detsweep.errors import DetsweepError
-from detsweep.tracking import RunLink, TrialRun, open_sweep_run, resolve_backend
+from detsweep.tracking import RunLink, TrialIdentity, TrialRun, open_sweep_run, resolve_backend
 from detsweep.tracking.checkpoint_models import best_checkpoint, best_of, checkpoints, model_uri, score, step_of
 from detsweep.tracking.source import local_copy
 from detsweep.tracking.writer import RetryingWriter
@@ -191,7 +191,7 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     swept = {"optimizer.learning_rate.learning_rate_base": 0.04}
 
     def trial(start_step: int = 0) -> TrialRun:
-        return TrialRun(link, "t_00000", "trial_t_00000", sweep.base, swept, "eval/AP_best", "max", start_step)
+        return TrialRun(link, TrialIdentity("t_00000", "trial_t_00000", swept, "eval/AP_best", "max"), sweep.base, start_step)
 
     first = trial()
     server_busy = threading.Event()
@@ -424,7 +424,7 @@ def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_
     sweep = load_sweep(QUICKSTART_SWEEP)
     backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
     link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
-    stopped = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
+    stopped = TrialRun(link, TrialIdentity("t_00001", "trial_t_00001"), sweep.base)
     stopped.log_report({"step": 5, "train/loss": 2.0})
     stopped.close()  # killed before its checkpoint was written
     cost = {"cost/cpu_hours": 0.25, "cost/gpu_hours": 0.0}
@@ -457,7 +457,7 @@ def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_
         link = open_sweep_run(sweep, str(tmp_path / "ray" / results), backend, as_run(sweep))
         parents.append(link.parent_run_id)
         for trial_id, (ap, loss, rate) in trials.items():
-            run = TrialRun(link, trial_id, f"trial_{trial_id}", sweep.base, {lr: rate}, sweep.search.metric, "max")
+            run = TrialRun(link, TrialIdentity(trial_id, f"trial_{trial_id}", {lr: rate}, sweep.search.metric, "max"), sweep.base)
             run.log_report({"step": 10, "eval/AP_best": ap, "train/loss": loss})
             run.finish()
 
@@ -619,7 +619,7 @@ def test_a_trials_datasets_are_its_runs_inputs_with_a_digest_that_follows_the_da
     sweep = load_sweep(QUICKSTART_SWEEP)
     backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
     link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
-    run = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
+    run = TrialRun(link, TrialIdentity("t_00001", "trial_t_00001"), sweep.base)
     run.close()
     inputs = MlflowClient(backend.uri).get_run(run.run_id).inputs.dataset_inputs
     assert {(i.dataset.name, i.tags[0].key, i.tags[0].value) for i in inputs} == {
@@ -649,7 +649,7 @@ def test_a_run_whose_opening_failed_halfway_gets_its_config_and_datasets_on_the_
     sweep = load_sweep(QUICKSTART_SWEEP)
     backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
     link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
-    run = TrialRun(link, "t_00002", "trial_t_00002", sweep.base, {}, "eval/AP_best", "max")
+    run = TrialRun(link, TrialIdentity("t_00002", "trial_t_00002"), sweep.base)
     assert run.close() is None and calls == ["log_inputs", "log_inputs"]  # failed, then retried
     client = MlflowClient(backend.uri)
     [found] = client.search_runs([link.experiment_id], filter_string="tags.`detsweep.trial_id` = 't_00002'")
@@ -685,7 +685,7 @@ def test_every_write_of_a_trial_run_that_fails_once_and_is_retried_is_written_as
             return _real(client, *args, **kwargs)
 
         monkeypatch.setattr(MlflowClient, name, fails_the_first_time)
-    run = TrialRun(link, "t_00003", "trial_t_00003", sweep.base, {}, "eval/AP_best", "max")
+    run = TrialRun(link, TrialIdentity("t_00003", "trial_t_00003"), sweep.base)
     run.log_report({"step": 10, "train/loss": 1.0})
     run.note_worker_failure("the worker died")
     run.log_report({"step": 10, "train/loss": 1.1, "restore/step": 0})  # the restart trains 10 again
@@ -719,7 +719,7 @@ def test_writes_lost_to_a_server_that_stays_away_past_a_trials_end_are_listed_in
     with mlflow_server(tmp_path, port) as uri:
         link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), resolve_backend(TrackingConfig(uri=uri)),
                               as_run(sweep))
-        run = TrialRun(link, "t_00000", "trial_t_00000", sweep.base, {}, "eval/AP_best", "max")
+        run = TrialRun(link, TrialIdentity("t_00000", "trial_t_00000"), sweep.base)
         run.log_report({"step": 10, "train/loss": 1.0})
         client = MlflowClient(uri)
         deadline = time.monotonic() + 60
@@ -769,7 +769,7 @@ def test_a_trial_logs_its_datasets_when_another_trial_made_them_first(tmp_path, 
     event.listen(Engine, "before_cursor_execute", the_other_trial_first)
     try:
         with caplog.at_level("INFO", logger="detsweep.tracking.trial_run"):
-            run = TrialRun(link, "t_00001", "trial_t_00001", sweep.base, {}, "eval/AP_best", "max")
+            run = TrialRun(link, TrialIdentity("t_00001", "trial_t_00001"), sweep.base)
             run.close(120)
     finally:
         event.remove(Engine, "before_cursor_execute", the_other_trial_first)
@@ -812,12 +812,11 @@ import ray.train
 from mlflow.store.artifact.http_artifact_repo import HttpArtifactRepository
 
 from detsweep.sweeps.spec import load_sweep
-from detsweep.tracking import RunLink, TrialRun
+from detsweep.tracking import RunLink, TrialIdentity, TrialRun
 from detsweep.tracking.checkpoint_models import checkpoints
 
 uri, experiment, folder, sweep_file = sys.argv[1:]
-trial = TrialRun(RunLink(uri, experiment, None), "t_00000", "trial_t_00000", load_sweep(sweep_file).base, {},
-                 "eval/AP_best", "max")
+trial = TrialRun(RunLink(uri, experiment, None), TrialIdentity("t_00000", "trial_t_00000"), load_sweep(sweep_file).base)
 first = ray.train.Checkpoint.from_directory(f"{folder}/step_10")
 trial.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2}, first)
 trial.opened.wait(60)  # the client is made as the run opens
@@ -882,7 +881,7 @@ def test_a_trial_killed_mid_upload_leaves_a_pending_checkpoint_that_best_finetun
     link = RunLink(tracking_stack.uri, experiment, None)
     assert best_in_mlflow(link, {"trial_id": "t_00000", "mlflow_run_id": run_id}, load_sweep(QUICKSTART_SWEEP)) == complete
 
-    resumed = TrialRun(link, "t_00000", "trial_t_00000", load_sweep(QUICKSTART_SWEEP).base, {}, "eval/AP_best", "max")
+    resumed = TrialRun(link, TrialIdentity("t_00000", "trial_t_00000"), load_sweep(QUICKSTART_SWEEP).base)
     resumed.log_report({"step": 30, "train/loss": 0.4, "eval/AP_best": 0.1},
                        ray.train.Checkpoint.from_directory(str(tmp_path / "step_30")))
     resumed.finish()

@@ -70,8 +70,8 @@ def add_sweep_commands(commands: Any) -> None:
 
 
 def validate_command(args: argparse.Namespace) -> int:
+    from detsweep.preflight.capacity import cluster_capacity, from_cluster_config, this_machine
     from detsweep.sweeps.launch import validation_report
-    from detsweep.sweeps.resources import cluster_capacity, from_cluster_config, this_machine
     from detsweep.sweeps.spec import load_sweep
 
     sweep = load_sweep(args.sweep, args.overrides)

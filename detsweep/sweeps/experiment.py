@@ -65,15 +65,6 @@ def save_sweep(sweep: Sweep) -> str:
     return path
 
 
-def check_new_sweep(sweep: Sweep) -> None:
-    """A launch never writes over an earlier sweep of the same name and storage: its folder,
-    Tune's state and its MLflow run stay whole. Refused before anything starts."""
-    path = experiment_path(sweep)
-    if _read_text(f"{path}/{SWEEP_FILE}") is not None:
-        raise DetsweepError(f"{sweep.path}: name: found {sweep.name!r}, which already ran at {path}; expected a new "
-                            f"name (--set name=NEW) or another storage, or to go on with it: detsweep resume {path}")
-
-
 def find_experiment(name_or_path: str) -> tuple[str, Sweep]:
     """A sweep folder, a sweep file (its ``storage``/``name``), or a name under ``~/ray_results``."""
     candidates = [name_or_path]

@@ -11,29 +11,24 @@ from dataclasses import asdict
 from typing import Any
 
 from detsweep import console
-from detsweep.cluster import check_storage, connect, remove_run_folders
+from detsweep.cluster import connect, remove_run_folders
 from detsweep.config.loader import plain
 from detsweep.errors import DetsweepError
+from detsweep.preflight import Capacity, Preflight, preflight
+from detsweep.preflight.capacity import cluster_capacity, from_cluster_config, nodes_alive, this_machine
 from detsweep.tracking.sweep_run import TrialStatus
 
 from .experiment import (
+    SWEEP_FILE,
     as_run,
-    check_new_sweep,
+    experiment_path,
     find_experiment,
     read_outcomes,
     save_sweep,
     storage_path,
     stored_run_link,
 )
-from .resources import (
-    Capacity,
-    check_fits,
-    cluster_capacity,
-    from_cluster_config,
-    nodes_alive,
-    this_machine,
-    trials_at_once,
-)
+from .resources import check_fits, trials_at_once
 from .spec import Sweep, grid_of, trial_count
 
 
@@ -43,28 +38,8 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
     named, this machine stands in for it), resources that do not fit and data that is not
     there are notes, not errors. Not ``on_a_node`` (a cluster config, before ``ray up``), the
     data's bucket URIs are checked, and its folders left to the nodes (a note names them)."""
-    from detsweep.data.remote import check_locations
-
-    notes = []
-    try:  # the cheap checks first: a preset's needs keras-hub, and TensorFlow with it
-        check_fits(sweep, capacity)
-    except DetsweepError as error:
-        if strict:
-            raise
-        notes.append(f"does not fit on this machine; launch it on a cluster: {str(error).split(': ', 1)[1]}")
-    for split in ("train", "val"):  # where the cluster will read them: a bucket, or its nodes' disks
-        dataset = getattr(sweep.base.data, split)
-        try:
-            unchecked = check_locations(dataset, f"{sweep.path}: base.data.{split}", local=on_a_node) if dataset else []
-        except DetsweepError as error:
-            if strict:
-                raise
-            notes.append(f"not on this machine; the cluster must have it: {str(error).split(': ', 1)[1]}")
-            continue
-        notes += [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}" for where in unchecked]
-    notes += [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}"
-              for where in check_preset(sweep, local=on_a_node)]
-    notes += preset_note(sweep, local=on_a_node)
+    cleared = preflight(Preflight(sweep.base, str(sweep.path), "base.", capacity=capacity, varied=varied(sweep),
+                                  read_data=False, local=on_a_node, strict=strict))
     base = sweep.base.model_dump(mode="json")
     space = sweep.search.space
     grid = grid_of(sweep)
@@ -84,49 +59,13 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
         "trials_at_once": min(trials_at_once(sweep, capacity), sweep.search.max_concurrent_trials or 10**9),
         "sized_against": capacity.source,
         "samples": [sample(sweep, rng, grid[i % len(grid)] if grid else {}) for i in range(min(samples, trials))],
-        "notes": notes,
+        "notes": cleared.notes,
     }
 
 
-def check_preset(sweep: Sweep, local: bool) -> list[str]:
-    """The base's ``model.weights`` preset can be the image encoder, an error wherever the sweep
-    would run, never a note; not ``local``, a preset folder is the nodes' and is returned."""
-    if sweep.base.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
-        return []
-    from detsweep.models.presets import check_weights_preset
-
-    unchecked = check_weights_preset(sweep.base.model.weights, f"{sweep.path}: base.model.weights", local=local)
-    check_swept_network(sweep)
-    return unchecked
-
-
-def check_swept_network(sweep: Sweep) -> None:
-    """A whole detector's preset fixes the network and its normalisation: a sweep or PBT over
-    those fields would train one network under many names."""
-    if sweep.base.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
-        return
-    from detsweep.models.detector_presets import ARCHITECTURE, names_a_detector_here
-
-    if not names_a_detector_here(sweep.base.model.weights):
-        return
-    fixed = {f"model.{name}" for name in (*ARCHITECTURE, "image_mean", "image_std")}
-    for where, paths in (("search.space", sweep.search.space), ("search.scheduler.mutations",
-                                                                sweep.search.scheduler.mutations)):
-        for path in sorted(set(paths) & fixed):
-            raise DetsweepError(f"{sweep.path}: {where}.{path}: found a field of the network, expected none: "
-                                f"base.model.weights ({sweep.base.model.weights}) is a whole detector's preset, "
-                                "whose architecture wins")
-
-
-def preset_note(sweep: Sweep, local: bool) -> list[str]:
-    """What a whole detector's preset replaces in the base's model section (a folder: only when
-    ``local``, this machine's)."""
-    if sweep.base.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
-        return []
-    from detsweep.models.presets import architecture_note
-
-    note = architecture_note(sweep.base, f"{sweep.path}: base.model.weights", local=local)
-    return [note] if note else []
+def varied(sweep: Sweep) -> dict[str, list[str]]:
+    """The fields the sweep varies, by where it names them (a whole detector's preset fixes some)."""
+    return {"search.space": list(sweep.search.space), "search.scheduler.mutations": list(sweep.search.scheduler.mutations)}
 
 
 def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str, Any]:
@@ -144,13 +83,9 @@ def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str,
     return drawn
 
 
-def configured(sweep: Sweep, cluster_config: str | None) -> Capacity | None:
-    """The node types of ``--cluster-config``, checked against the sweep before Ray starts."""
-    if not cluster_config:
-        return None
-    capacity = from_cluster_config(cluster_config)
-    check_fits(sweep, capacity)
-    return capacity
+def configured(cluster_config: str | None) -> Capacity | None:
+    """The node types of ``--cluster-config``, read before Ray starts."""
+    return from_cluster_config(cluster_config) if cluster_config else None
 
 
 def sized_to_fit(sweep: Sweep, address: str | None, given: Capacity | None) -> Capacity:
@@ -172,23 +107,20 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     """Run the sweep to the end; returns the ``detsweep launch --json`` object. ``tags``: more
     tags for its MLflow run (a fine-tuning sweep's source); ``callbacks``: more Ray Tune callbacks;
     ``cluster_config``: the cluster's config file (its node types size the trials)."""
-    from detsweep.tracking import check_backend, open_sweep_run, resolve_backend, trial_environment
-    from detsweep.trainables.trainer import check_inputs
+    from detsweep.tracking import open_sweep_run, resolve_backend, trial_environment
 
     from .progress import SweepProgress
     from .space import swept_paths
     from .tuner import build_tuner
 
-    check_storage(sweep.storage, f"{sweep.path}: storage")
-    check_new_sweep(sweep)
-    check_swept_network(sweep)
-    given = configured(sweep, cluster_config)
-    if given is None and not (address or os.environ.get("RAY_ADDRESS")):  # a local cluster: refused before it starts
-        check_fits(sweep, this_machine())
+    given = configured(cluster_config)
+    joins = bool(address or os.environ.get("RAY_ADDRESS"))  # else a local cluster: refused before it starts
     backend = resolve_backend(sweep.base.tracking)
-    check_backend(backend)
-    summaries, _ = check_inputs(sweep.base, str(sweep.path), prefix="base.")
-    for line in summaries:
+    cleared = preflight(Preflight(sweep.base, str(sweep.path), "base.", storage=sweep.storage or "",
+                                  earlier_sweep=f"{experiment_path(sweep)}/{SWEEP_FILE}",
+                                  capacity=given or (None if joins else this_machine()), backend=backend,
+                                  varied=varied(sweep)))
+    for line in cleared.notes + cleared.summaries:
         console.say(line)
     connect(address, env=trial_environment())
     capacity = sized_to_fit(sweep, address, given)
@@ -212,16 +144,16 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
     writing to the MLflow runs they had."""
     from ray import tune
 
-    from detsweep.tracking import backend_of, check_backend, reopen_sweep_run, trial_environment
+    from detsweep.tracking import backend_of, reopen_sweep_run, trial_environment
 
     from .tuner import trainable
 
     path, sweep = find_experiment(name_or_path)
     if not tune.Tuner.can_restore(path):
         raise DetsweepError(f"{name_or_path}: {path} holds no Tune experiment state to resume from")
-    given = configured(sweep, cluster_config)
     link = stored_run_link(path)
-    check_backend(backend_of(link))
+    given = configured(cluster_config)
+    preflight(Preflight(sweep.base, str(sweep.path), "base.", capacity=given, backend=backend_of(link), inputs=False))
     console.keep_log_in(path, f"resume-{time.strftime('%Y%m%d-%H%M%S')}.log")
     connect(address, env=trial_environment())
     sized_to_fit(sweep, address, given)

@@ -1,4 +1,5 @@
-"""The MLflow child run of one trial, written from the trial's own process and nowhere else.
+"""The MLflow child run of one trial, as the trial's own process writes it (what others add to
+it: ``trainables/trial.py``).
 
 A trial that Ray Train restarts after a worker failure, or that ``detsweep resume`` runs
 again, finds its run by the ``detsweep.trial_id`` tag and continues it: params already
@@ -23,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,19 +86,32 @@ def find_trial_run(client, link: RunLink, trial_id: str):
     return runs[0] if runs else None
 
 
+@dataclass(frozen=True)
+class TrialIdentity:
+    """Which trial a run records (Tune's id and name), the values the sweep gave it, and what
+    ranks its checkpoints."""
+
+    trial_id: str
+    name: str
+    swept: dict[str, Any] = field(default_factory=dict)
+    metric: str = "eval/AP_best"
+    mode: str = "max"
+
+
 class TrialRun:
     """Logs one trial's reports; every call returns at once (see :class:`RetryingWriter`)."""
 
-    def __init__(self, link: RunLink, trial_id: str, trial_name: str, config: TrialConfig,
-                 swept: dict[str, Any], metric: str, mode: str, start_step: int = 0,
+    def __init__(self, link: RunLink, trial: TrialIdentity, config: TrialConfig, start_step: int = 0,
                  tags: dict[str, str] | None = None):
-        """``tags``: for a new run, beyond the ones every trial's run has (a fine-tune's source).
+        """``start_step``: where a resumed trial starts (its swept values are logged there);
+        ``tags``: for a new run, beyond the ones every trial's run has (a fine-tune's source).
         Returns at once: MLflow is imported (about 2 s) and the run opened on the writer's thread."""
         use_writer_settings()  # a trial's process has them from its start: then this writes nothing
         self.client = None  # made by the first write (``_open``)
-        self.link, self.trial_id, self.trial_name, self.config = link, trial_id, trial_name, config
-        self.metric, self.mode = metric, mode
-        self.tags = {TRIAL_TAG: trial_id, ROLE_TAG: "trial", METRIC_TAG: metric, MODE_TAG: mode} | ({PARENT_TAG: link.parent_run_id} if link.parent_run_id else {})
+        self.link, self.trial_id, self.trial_name, self.config = link, trial.trial_id, trial.name, config
+        self.metric, self.mode = trial.metric, trial.mode
+        self.tags = {TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial", METRIC_TAG: trial.metric, MODE_TAG: trial.mode}
+        self.tags |= {PARENT_TAG: link.parent_run_id} if link.parent_run_id else {}
         self.tags |= run_environment_tags() | (tags or {})  # what this process, the trial's, runs on
         self.run_id: str | None = None
         self.reopened = False  # the run was found: a resumed trial's
@@ -115,7 +129,7 @@ class TrialRun:
         self.snapshots = Path(tempfile.mkdtemp(prefix="detsweep-checkpoints-"))
         self.writer = RetryingWriter()
         self.writer.submit("opening the run", self._open)
-        numeric = {f"hparams/{path}": float(v) for path, v in swept.items() if isinstance(v, (int, float))}
+        numeric = {f"hparams/{path}": float(v) for path, v in trial.swept.items() if isinstance(v, (int, float))}
         # Swept values as metrics too: PBT changes them mid-run, and params cannot change.
         self.writer.submit("the swept values", lambda: self._log_metrics(start_step, numeric, force=True))
 

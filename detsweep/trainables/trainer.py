@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
@@ -15,7 +14,7 @@ from detsweep import console
 from detsweep.checkpoints import checkpoint_uri
 from detsweep.cluster import connect, run_folder
 from detsweep.config import ScalingConfig, TrialConfig
-from detsweep.errors import DetsweepError, failure_reason, stderr_held_back
+from detsweep.errors import failure_reason
 from detsweep.startup import StartupClock
 
 from .channel import NO_NOTES, ForwardReports, RunChannel, RunEnded, RunError, RunNotes, in_step_order
@@ -97,65 +96,6 @@ class TrainOutcome:
     metrics: dict
     checkpoint: str | None
     error: str | None = None
-
-
-def check_data(config: TrialConfig) -> list[str]:
-    """Read and verify the datasets once, on the driver, so that workers can trust them;
-    returns one summary line per dataset (what was clipped, dropped, converted)."""
-    from detsweep.data import load_dataset
-
-    datasets = {"data.train": config.data.train, "data.val": config.data.val}
-    summaries = []
-    for name, dataset in datasets.items():
-        if dataset is not None:
-            with console.working(f"reading and checking {name} ({dataset.format})"):
-                summaries.append(load_dataset(dataset, verify=True).summary_line())
-    return summaries
-
-
-def check_inputs(config: TrialConfig, where: str, prefix: str = "") -> tuple[list[str], Any]:
-    """What the driver checks before Ray starts: the preset ``model.weights`` names (``prefix``:
-    where the config sits in its file, e.g. a sweep's ``base.``), the datasets (their summary
-    lines, for the caller to print once every check passed, so that a refusal is its one line)
-    and, for a fine-tune, that the checkpoint fits (its warm-start plan; else None)."""
-    check_weights(config, f"{where}: {prefix}model.weights")
-    summaries = check_data(config)
-    return summaries, check_fit(config, where) if config.train.fine_tune else None
-
-
-def check_weights(config: TrialConfig, field: str) -> None:
-    """The preset ``model.weights`` names can be the image encoder (:mod:`detsweep.models.presets`)."""
-    if config.model.weights == "none":  # keras-hub, and TensorFlow with it, load only for a preset
-        return
-    from detsweep.models.presets import architecture_note, check_weights_preset
-
-    with console.working(f"checking the preset {config.model.weights}"):
-        check_weights_preset(config.model.weights, field)
-        note = architecture_note(config, field)
-    if note:
-        console.say(note)
-
-
-def check_fit(config: TrialConfig, where: str):
-    """Build the model and restore the checkpoint into it here, once, as the workers will
-    (the datasets were verified already: see ``check_data``)."""
-    from detsweep.data import load_dataset
-    from detsweep.train.warm_start import plan_warm_start
-
-    from .worker import fine_tune_source
-
-    categories = load_dataset(config.data.train, verify=False).categories
-    # a checkpoint that does not fit: one line, not TensorFlow's start-up
-    with console.working("building the model and restoring the fine-tune's checkpoint into it"), \
-            stderr_held_back(), fine_tune_source(config) as directory:
-        plan = plan_warm_start(config, config.model.num_classes or len(categories), directory)
-    if config.train.fine_tune.keep_optimizer_state and plan.step >= config.train.num_steps:
-        raise DetsweepError(f"{where}: train.num_steps: found {config.train.num_steps}, expected more than the "
-                            f"checkpoint's step {plan.step} (keep_optimizer_state goes on from there)")
-    print(f"fine-tune: {len(plan.restored)} weights restored, {len(plan.fresh)} fresh"
-          + (f" ({', '.join(plan.fresh)})" if plan.fresh else "") + f"; training starts at step {plan.step}",
-          file=console.err(), flush=True)
-    return plan
 
 
 Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]

@@ -3,8 +3,13 @@
 Every loop's report reaches the trial's own process in step order (:mod:`.channel`); this
 function passes those that carry the sweep's metric (the evaluations, with their
 checkpoints) on to Tune. So Tune's schedulers decide on ``eval/…`` at training-step
-granularity, Tune keeps the checkpoints (for PBT and ``num_to_keep``), and everything a
-trial reports passes through one place: that is also where its MLflow run is written.
+granularity, and Tune keeps the checkpoints (for PBT and ``num_to_keep``).
+
+Who writes the trial's MLflow run: this process, everything the trial reports (params,
+every step's metrics, pictures, checkpoints, replayed steps, worker failures); each node's
+first worker, that node's system metrics (``worker.NodeMonitor``); and the sweep's driver at
+its end, the run's final status and cost, and Tune's checkpoint of a trial stopped before its
+own upload was done (``tracking.sweep_run.close_sweep_run``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from detsweep.config.loader import get_path, plain, set_path
 from detsweep.errors import DetsweepError
 from detsweep.evaluation.pictures import without_pictures
 from detsweep.startup import StartupClock
-from detsweep.tracking.trial_run import RunLink, TrialRun
+from detsweep.tracking.trial_run import RunLink, TrialIdentity, TrialRun
 
 from .channel import RunChannel
 from .request import TrainingRequest
@@ -118,8 +123,9 @@ def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) ->
             start_step = read_step(directory)
     context = ray.tune.get_context()
     search = tune_config["search"]
-    return TrialRun(RunLink(**tune_config["tracking"]), context.get_trial_id(), context.get_trial_name(), config,
-                    swept_values(tune_config, search["swept"]), search["metric"], search["mode"], start_step)
+    trial = TrialIdentity(context.get_trial_id(), context.get_trial_name(), swept_values(tune_config, search["swept"]),
+                          search["metric"], search["mode"])
+    return TrialRun(RunLink(**tune_config["tracking"]), trial, config, start_step)
 
 
 class TrialFailed(RuntimeError):
