@@ -1,7 +1,7 @@
 """``make demo`` as a new user meets it, twice: in a fresh clone of this repository's last
 commit on a quiet machine (the install included), then again in that clone while another
 program keeps both cores busy. The demo is the same sweep on any machine when both runs train
-the same trials to the same steps and the same trial wins. About 20 minutes on 2 cores, so
+the same trials to the same steps and the same trial wins. About 11 minutes on 2 cores, so
 ``make bench`` leaves it out: run it alone, on an otherwise quiet machine.
 
     .venv/bin/python -m bench.demo [--out FILE]
