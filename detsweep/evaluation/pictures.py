@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -96,6 +97,7 @@ def sheet(rows: list[list], title: str):
     return picture
 
 
+@functools.cache
 def text_font():
     from PIL import ImageFont
 
@@ -103,8 +105,7 @@ def text_font():
 
 
 def line_height(font) -> int:
-    left, top, right, bottom = font.getbbox("Ag")
-    return bottom
+    return font.getbbox("Ag")[3]
 
 
 def png_of(picture) -> bytes:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +58,8 @@ def preflight(checks: Preflight) -> Cleared:
     if checks.earlier_sweep is not None:
         check_new_sweep(checks.earlier_sweep, where)
     if checks.capacity is not None:
-        notes += lenient(checks, "does not fit on this machine; launch it on a cluster",
-                         lambda: check_worker_fits(config.scaling, checks.capacity, f"{where}: {checks.prefix}scaling"))
+        notes += lenient(checks.strict, "does not fit on this machine; launch it on a cluster", lambda: check_worker_fits(
+            config.scaling, checks.capacity, f"{where}: {checks.prefix}scaling") or [])
     if checks.backend is not None:
         check_backend(checks.backend)
     if not checks.inputs:
@@ -84,15 +84,19 @@ def check_new_sweep(sweep_file: str, where: str) -> None:
                             f"detsweep resume {folder}")
 
 
-def lenient(checks: Preflight, what: str, check) -> list[str]:
-    """``check()``'s refusal, as a note saying ``what`` when the checks are not strict."""
+def lenient(strict: bool, what: str, check: Callable[[], list[str]]) -> list[str]:
+    """``check()``'s notes; not ``strict``, its refusal too, as a note saying ``what``."""
     try:
-        check()
+        return check()
     except DetsweepError as error:
-        if checks.strict:
+        if strict:
             raise
         return [f"{what}: {str(error).split(': ', 1)[1]}"]
-    return []
+
+
+def left_to_the_nodes(unchecked: list[str]) -> list[str]:
+    """Notes for the ``FILE: field: path`` a cluster's nodes hold, which this machine cannot see."""
+    return [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}" for where in unchecked]
 
 
 def preset(checks: Preflight) -> list[str]:
@@ -115,8 +119,7 @@ def preset(checks: Preflight) -> list[str]:
                                         f"none: {checks.prefix}model.weights ({config.model.weights}) is a whole "
                                         "detector's preset, whose architecture wins")
         note = architecture_note(config, field_name, local=checks.local)
-    return [f"left to the nodes, which must have it: {where.split(': ', 1)[1]}" for where in unchecked] + \
-        ([note] if note else [])
+    return left_to_the_nodes(unchecked) + ([note] if note else [])
 
 
 def locate_data(checks: Preflight) -> list[str]:
@@ -127,16 +130,10 @@ def locate_data(checks: Preflight) -> list[str]:
     notes = []
     for split in ("train", "val"):
         dataset = getattr(checks.config.data, split)
-        if dataset is None:
-            continue
-        where = f"{checks.where}: {checks.prefix}data.{split}"
-        unchecked: list[str] = []
-
-        def look(dataset=dataset, where=where, unchecked=unchecked) -> None:
-            unchecked += check_locations(dataset, where, local=checks.local)
-
-        notes += lenient(checks, "not on this machine; the cluster must have it", look)
-        notes += [f"left to the nodes, which must have it: {path.split(': ', 1)[1]}" for path in unchecked]
+        if dataset is not None:
+            where = f"{checks.where}: {checks.prefix}data.{split}"
+            notes += lenient(checks.strict, "not on this machine; the cluster must have it", lambda: left_to_the_nodes(
+                check_locations(dataset, where, local=checks.local)))  # noqa: B023 (called at once)
     return notes
 
 
