@@ -83,7 +83,7 @@ def consumption_rates(overrides: list[str], windows: int, steps_per_loop: int) -
         f"train.eval_every={steps}", f"train.checkpoint_every={steps}", f"optimizer.learning_rate.total_steps={steps}",
         "optimizer.learning_rate.warmup_steps=0", f"scaling.cpus_per_worker={os.cpu_count()}", *overrides])
     marks = []
-    run_training(training, lambda metrics, checkpoint, milestone: marks.append((int(metrics["step"]), time.time())))
+    run_training(training, lambda metrics, checkpoint, milestone, pictures: marks.append((int(metrics["step"]), time.time())))
     return throughputs(marks, training.train.batch_size, skip=0)
 
 

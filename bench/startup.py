@@ -32,7 +32,7 @@ SETTINGS = ["data.train.num_images=16", "data.val=null", "train.num_steps=4", "t
 # worker, which the floor does alone (imports, strategy, data, model, first_loop).
 TRIAL_PHASES = ("mlflow", "trainer", "workers")
 WORKER_PHASES = ("imports", "strategy", "data", "model", "first_loop")
-TRIAL_CLASS = "ImplicitFunc"  # Tune's actor for a function trainable
+TRIAL_CLASS = "Trial"  # the actor of a trial: detsweep.trainables.trial.ending_on_stop
 GOAL = 1.7
 
 
@@ -47,7 +47,7 @@ def floor_process() -> None:
 
     clock.mark("imports")
     config = load_trial_config(CONFIG, [*SETTINGS, "train.num_steps=2"])  # its first loop
-    run_training(config, lambda metrics, checkpoint, milestone: None, WorkerContext(startup=clock))
+    run_training(config, lambda metrics, checkpoint, milestone, pictures: None, WorkerContext(startup=clock))
     print(json.dumps(clock.phases))
 
 

@@ -87,7 +87,7 @@ def own_loop(config) -> list[tuple[int, float, float]]:
 
     marks = []
 
-    def mark(metrics: dict, checkpoint, milestone) -> None:  # (step, loop end, compute-only images/s)
+    def mark(metrics: dict, checkpoint, milestone, pictures) -> None:  # (step, loop end, compute-only images/s)
         marks.append((int(metrics["step"]), time.time(), metrics["train/images_per_sec"]))
 
     run_training(config, mark)
@@ -165,15 +165,13 @@ def loop_beside_ray_train(config) -> list[tuple[int, float, float]]:
 def under_ray_train(config) -> list[tuple[int, float, float]]:
     """detsweep's loop in a Ray Train worker, as ``detsweep train`` runs it; each loop timed
     when it ended, by the worker's clock (a driver reading the queue late changes nothing)."""
-    from ray.util.queue import Queue
-
     from detsweep.cluster import connect
-    from detsweep.trainables.channel import LoopMetrics
+    from detsweep.trainables.channel import LoopMetrics, RunChannel
     from detsweep.trainables.request import TrainingRequest
     from detsweep.trainables.trainer import make_trainer
 
     connect(None)
-    reports = Queue(actor_options={"num_cpus": 0})
+    reports = RunChannel()
     with tempfile.TemporaryDirectory() as storage:
         make_trainer(TrainingRequest(config, "bench-train-step", storage), reports).fit()
     loops = [item for item in (reports.get() for _ in range(reports.qsize())) if isinstance(item, LoopMetrics)]

@@ -37,7 +37,7 @@ def train_process() -> None:
         f"data.train.label_map={RACCOON / 'training' / 'object-detection.pbtxt'}",
     ])
     ends: list[float] = []
-    run_training(config, lambda metrics, checkpoint, milestone: ends.append(time.perf_counter()))
+    run_training(config, lambda metrics, checkpoint, milestone, pictures: ends.append(time.perf_counter()))
     seconds = [later - earlier for earlier, later in zip(ends, ends[1:])][WARM_UP - 1:]
     print(json.dumps({"seconds_per_step": seconds,
                       "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2}))

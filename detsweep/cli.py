@@ -329,7 +329,7 @@ def eval_command(args: argparse.Namespace) -> int:
         from detsweep.train.evaluate import evaluate_checkpoint
 
         with console.working(f"evaluating {args.checkpoint}"):
-            metrics = evaluate_checkpoint(args.checkpoint, args.overrides)
+            metrics = evaluate_checkpoint(args.checkpoint, args.overrides).metrics
     print(json.dumps(metrics) if args.json else "\n".join(f"{k:<22} {v:.4f}" for k, v in metrics.items()))
     return 0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from detsweep import console
-from detsweep.checkpoints import checkpoint_uri, read_config_tree
+from detsweep.checkpoints import read_config_tree
 from detsweep.cluster import run_folder
 from detsweep.config import TrackingConfig, TrialConfig, read_trial_tree, validate
 from detsweep.config.loader import merge_trees, read_yaml_mapping, resolve_data_paths
@@ -56,6 +56,7 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
     from detsweep.cluster import connect
     from detsweep.tracking.backend import trial_environment, use_writer_settings
     from detsweep.trainables.request import TrainingRequest
+    from detsweep.trainables.trainer import LastReport
     from detsweep.trainables.trial import train_and_log
 
     for line in cleared.notes + cleared.summaries:
@@ -67,17 +68,12 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
     connect(address, env=trial_environment())
     run = open_finetune_run(config, source, backend, name, plan)
     print(f"MLflow: fine-tune run {name} at {backend.uri}", file=console.err(), flush=True)
-    last: dict[str, Any] = {"metrics": {}, "checkpoint": None}
-
-    def keep_last(metrics: dict, checkpoint) -> None:
-        last["metrics"] = metrics
-        last["checkpoint"] = checkpoint_uri(checkpoint) if checkpoint else last["checkpoint"]
-
+    last = LastReport()
     request = TrainingRequest(config, name, storage_path, pictures=True, system_metrics=True)
-    error = train_and_log(request, run, keep_last, progress=True)
+    error = train_and_log(request, run, last, progress=True)
     run.finish(error=error)
     return {"name": name, "source": source_dict(source), "warm_start": plan_summary(plan),
-            "steps": int(last["metrics"].get("step", 0)), "metrics": last["metrics"], "checkpoint": last["checkpoint"],
+            "steps": int(last.metrics.get("step", 0)), "metrics": last.metrics, "checkpoint": last.checkpoint,
             "error": error, "mlflow": {"tracking_uri": backend.uri, "run_id": run.run_id}}
 
 

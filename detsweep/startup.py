@@ -19,9 +19,27 @@ from dataclasses import dataclass, field
 ONCE_PER_START = ("startup/", "restore/")
 
 
-def once_per_start(metrics: dict) -> dict:
-    """The metrics of ``metrics`` that a run's start reports once (:data:`ONCE_PER_START`)."""
-    return {key: value for key, value in metrics.items() if key.startswith(ONCE_PER_START)}
+class NewSteps:
+    """Each step once, in order, though a restart goes back to a checkpoint and trains steps
+    again: a step at or before the last one passed on is a replay, dropped, and the
+    once-per-start metrics it brought go on with the next step passed on. The one rule for
+    both places that pass steps on: the trial's merge of its reports (a worker group
+    restarted within a run) and its MLflow run (a trial started again: PBT, a resumed sweep)."""
+
+    def __init__(self, last: int = -1):
+        self.last = last  # the last step passed on
+        self.carried: dict = {}  # what dropped replays said once, for the next step passed on
+
+    def admit(self, step: int, metrics: dict) -> dict | None:
+        """The metrics to pass on as ``step``'s (with what was carried), or None for a replay."""
+        if step <= self.last:
+            self.carried |= {key: value for key, value in metrics.items() if key.startswith(ONCE_PER_START)}
+            return None
+        return {**self.carried, **metrics}
+
+    def passed(self, step: int) -> None:
+        """``step``'s metrics were passed on (written): the carried ones went with them."""
+        self.last, self.carried = step, {}
 
 
 @dataclass

@@ -94,6 +94,12 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
             pictures = artifacts(client, run.info.run_id, "detections")  # one per evaluation
             evaluated = [step for step in steps if step % (eval_every or every) == 0 or step == num_steps]
             assert pictures == {f"detections/step_{step:06d}.png" for step in evaluated}, pictures
+        elif trial["status"] == "STOPPED" and trial["checkpoint"]:
+            # stopped at a report: its own process uploaded that report's checkpoint before Tune
+            # ended it (nobody else uploads one), READY, and no more than its best and latest
+            kept = checkpoints(client, [info["experiment_id"]], run.info.run_id, ready=False)
+            assert 1 <= len(kept) <= 2 and {str(m.status) for m in kept} == {"READY"}, kept
+            assert tune_checkpoint_step(trial["checkpoint"]) in {step_of(m) for m in kept}, kept
     best = children[report["best"]["trial_id"]]
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = check_best_checkpoint(client, report, best, Path(scratch))
@@ -102,6 +108,14 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
         else:
             assert report["mlflow"]["registered_model"] is None
     return children
+
+
+def tune_checkpoint_step(checkpoint: str) -> int:
+    """The step of a checkpoint Tune holds (a folder, or a bucket's URI)."""
+    from detsweep.checkpoints import local_folder, read_step
+
+    with local_folder(checkpoint) as directory:
+        return read_step(directory)
 
 
 def artifacts(client, run_id: str, path: str | None = None) -> set[str]:

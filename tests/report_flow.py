@@ -14,11 +14,10 @@ import queue
 import tempfile
 
 from ray.train.v2._internal.execution.callback import WorkerGroupCallback
-from ray.util.queue import Queue
 
 from detsweep.cluster import connect
 from detsweep.config import load_trial_config
-from detsweep.trainables.channel import Evaluation, LoopMetrics, RayReport, RunEnded, in_step_order
+from detsweep.trainables.channel import Evaluation, LoopMetrics, RayReport, RunChannel, RunEnded, in_step_order
 from detsweep.trainables.request import TrainingRequest
 from detsweep.trainables.trainer import make_trainer
 
@@ -28,7 +27,7 @@ from .conftest import REPO
 class CountAtPolls(WorkerGroupCallback):
     """In Ray Train's controller: at each poll of the workers, how many items the queue holds."""
 
-    def __init__(self, reports: Queue, counts: Queue):
+    def __init__(self, reports: RunChannel, counts: RunChannel):
         self.reports, self.counts = reports, counts
 
     def after_worker_group_poll_status(self, worker_group_status) -> None:
@@ -49,7 +48,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     config = load_trial_config(REPO / "configs" / "quickstart.yaml", parser.parse_args().overrides)
     connect(None)
-    reports, counts = Queue(actor_options={"num_cpus": 0}), Queue(actor_options={"num_cpus": 0})
+    reports, counts = RunChannel(), RunChannel()
+    reports.publish("settled", 10**9)  # nobody passes steps on until the end: no evaluation waits for it
     with tempfile.TemporaryDirectory() as storage:
         make_trainer(TrainingRequest(config, "report-flow", storage), reports,
                      callbacks=[CountAtPolls(reports, counts)]).fit()
@@ -60,8 +60,8 @@ def main() -> None:
     print(json.dumps({
         "arrived": [describe(item) for item in arrived],
         "at_polls": [counts.get() for _ in range(counts.qsize())],
-        "in_order": [[metrics["step"], checkpoint is not None, "eval/AP" in metrics]
-                     for metrics, checkpoint in in_step_order(replay)],
+        "in_order": [[report.step, report.checkpoint is not None, "eval/AP" in report.metrics]
+                     for report in in_step_order(replay)],
     }))
 
 

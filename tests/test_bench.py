@@ -103,7 +103,7 @@ def startup(results: dict) -> None:
     assert entry["settings"]["resumes"] == 1 and [t["what"] for t in entry["targets"]] == [
         "a fresh start vs the floor", "a resume vs the floor"]
     ray_table = entry["notes"][-1].splitlines()
-    assert any(line.startswith("| ImplicitFunc |") for line in ray_table) and any("Controller" in line for line in ray_table), ray_table
+    assert any(line.startswith("| Trial |") for line in ray_table) and any("Controller" in line for line in ray_table), ray_table
 
 
 def tracking_server(results: dict) -> None:

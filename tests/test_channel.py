@@ -11,7 +11,6 @@ import pytest
 from detsweep.trainables.channel import (
     Evaluation,
     EvaluationError,
-    EvaluationFailed,
     LoopMetrics,
     LoopSender,
     RayReport,
@@ -50,7 +49,7 @@ def stream(*items) -> list[tuple[int, str, str | None]]:
     arrived = queue.Queue()
     for item in [*items, RunEnded()]:
         arrived.put(item)
-    return [(m["step"], m["source"], checkpoint) for m, checkpoint in in_step_order(arrived)]
+    return [(r.metrics["step"], r.metrics["source"], r.checkpoint) for r in in_step_order(arrived)]
 
 
 def test_loops_after_a_milestone_wait_for_its_report_and_the_report_stands_for_the_milestone():
@@ -63,7 +62,7 @@ def test_a_loop_is_passed_on_as_soon_as_nothing_before_it_is_pending():
     arrived = queue.Queue()
     passed = in_step_order(arrived)
     arrived.put(loop(1))
-    assert next(passed)[0]["step"] == 1  # without waiting for the end
+    assert next(passed).step == 1  # without waiting for the end
     arrived.put(loop(2, milestone=True))
     arrived.put(loop(3))
     got = []
@@ -73,8 +72,8 @@ def test_a_loop_is_passed_on_as_soon_as_nothing_before_it_is_pending():
     assert reader.is_alive() and not got  # step 3 waits behind step 2's report
     arrived.put(report(2))
     reader.join(timeout=5)
-    assert got[0][0]["step"] == 2 and got[0][1] == "ckpt"
-    assert next(passed)[0]["step"] == 3
+    assert got[0].step == 2 and got[0].checkpoint == "ckpt"
+    assert next(passed).step == 3
 
 
 def test_a_restarted_worker_group_replays_from_its_checkpoint_and_no_step_is_passed_on_twice():
@@ -88,7 +87,7 @@ def test_a_restarted_worker_group_replays_from_its_checkpoint_and_no_step_is_pas
     items.insert(5, WorkersFailed("the actor died unexpectedly"))  # Ray Train's poll saw it
     for item in [*items, RunEnded()]:
         arrived.put(item)
-    assert [m["step"] for m, _ in in_step_order(arrived, notes=notes)] == [1, 2, 3, 4, 5]
+    assert [r.step for r in in_step_order(arrived, notes=notes)] == [1, 2, 3, 4, 5]
     # passed on, then trained again: said, not dropped silently
     assert notes.told == [("failed", "the actor died unexpectedly"), ("replayed", 3)]
 
@@ -100,7 +99,7 @@ def test_what_a_restart_says_once_on_a_replayed_step_goes_on_with_the_next_step_
     for item in [loop(1), loop(2, milestone=True), report(2), loop(3),
                  loop(3, **{"restore/step": 2, "startup/total_s": 9.0}), loop(4), RunEnded()]:
         arrived.put(item)
-    passed = {m["step"]: m for m, _ in in_step_order(arrived)}
+    passed = {r.step: r.metrics for r in in_step_order(arrived)}
     assert sorted(passed) == [1, 2, 3, 4] and "restore/step" not in passed[3]
     assert passed[4]["restore/step"] == 2 and passed[4]["startup/total_s"] == 9.0 and passed[4]["source"] == "loop"
 
@@ -109,7 +108,7 @@ def test_a_step_trained_again_replaces_the_one_not_yet_passed_on():
     arrived = queue.Queue()
     for item in [loop(1, milestone=True), loop(2, attempt=1), loop(2, attempt=2), report(1), RunEnded()]:
         arrived.put(item)
-    assert [m.get("attempt") for m, _ in in_step_order(arrived)] == [None, 2]
+    assert [r.metrics.get("attempt") for r in in_step_order(arrived)] == [None, 2]
 
 
 def test_a_run_that_ends_before_a_milestones_report_still_passes_on_its_loops():
@@ -127,8 +126,8 @@ def test_an_evaluation_elsewhere_joins_its_checkpoints_step_and_the_loops_after_
     settled = []
     for item in [loop(1), loop(2, elsewhere=True), report(2), loop(3), loop(4), evaluation(2), RunEnded()]:
         arrived.put(item)
-    passed = [(m["step"], m.get("eval/AP"), m["source"], checkpoint)
-              for m, checkpoint in in_step_order(arrived, settled.append)]
+    passed = [(r.step, r.metrics.get("eval/AP"), r.metrics["source"], r.checkpoint)
+              for r in in_step_order(arrived, settled.append)]
     assert passed == [(1, None, "loop", None), (2, 0.02, "ray", "ckpt"), (3, None, "loop", None),
                       (4, None, "loop", None)]
     assert settled == [2]
@@ -146,7 +145,7 @@ def test_a_step_waits_for_its_evaluation_even_when_its_report_is_there():
     assert reader.is_alive() and not got
     arrived.put(evaluation(1))
     reader.join(timeout=5)
-    assert got[0][0]["eval/AP"] == 0.01 and got[0][0]["source"] == "ray"
+    assert got[0].metrics["eval/AP"] == 0.01 and got[0].metrics["source"] == "ray"
 
 
 def test_settled_is_called_once_the_consumer_is_done_with_the_evaluated_step():
@@ -166,13 +165,41 @@ def test_a_replayed_evaluation_of_a_step_passed_on_is_dropped_but_settled():
     for item in [loop(1, elsewhere=True), report(1), evaluation(1), loop(1, elsewhere=True), report(1),
                  evaluation(1), RunEnded()]:
         arrived.put(item)
-    assert [m["step"] for m, _ in in_step_order(arrived, settled.append)] == [1]
+    assert [r.step for r in in_step_order(arrived, settled.append)] == [1]
     assert settled == [1, 1]
+
+
+def test_pictures_travel_beside_the_metrics_and_reach_the_owner_with_their_step_once():
+    """Rank 0's pictures (the schedule's with its first loop, the detections' at an inline
+    evaluation) and an evaluation task's go with their step's report, as files, never among
+    the metrics; a replayed step's pictures go with it, dropped."""
+    arrived = queue.Queue()
+    first = LoopMetrics(1, {"step": 1}, False, pictures={"learning_rate.png": b"schedule"})
+    inline = LoopMetrics(2, {"step": 2}, True, pictures={"detections/step_000002.png": b"inline"})
+    elsewhere = Evaluation(3, {"eval/AP": 0.3}, pictures={"detections/step_000003.png": b"task"})
+    replayed = LoopMetrics(2, {"step": 2}, True, pictures={"detections/step_000002.png": b"again"})
+    for item in [first, inline, report(2), loop(3, elsewhere=True), report(3), elsewhere, replayed, report(2),
+                 RunEnded()]:
+        arrived.put(item)
+    passed = [(r.step, r.pictures, sorted(r.metrics)) for r in in_step_order(arrived)]
+    assert passed == [(1, {"learning_rate.png": b"schedule"}, ["step"]),
+                      (2, {"detections/step_000002.png": b"inline"}, ["source", "step"]),
+                      (3, {"detections/step_000003.png": b"task"}, ["eval/AP", "source", "step"])]
+
+
+def test_a_run_that_fit_ended_with_an_error_ends_the_stream_with_it_after_every_step():
+    arrived, passed = queue.Queue(), []
+    for item in [loop(1), loop(2), RunEnded("WorkerGroupError: the placement group was removed")]:
+        arrived.put(item)
+    with pytest.raises(RunError, match=r"^WorkerGroupError: the placement group was removed$"):
+        for got in in_step_order(arrived):
+            passed.append(got.step)
+    assert passed == [1, 2]
 
 
 def test_a_failed_evaluation_ends_the_stream_with_its_reason():
     arrived = queue.Queue()
-    for item in [loop(1, elsewhere=True), report(1), EvaluationFailed(1, "val.record: no such file")]:
+    for item in [loop(1, elsewhere=True), report(1), Evaluation(1, {}, failure="val.record: no such file")]:
         arrived.put(item)
     with pytest.raises(EvaluationError, match="the evaluation of step 1 failed: val.record: no such file"):
         list(in_step_order(arrived))
@@ -184,8 +211,8 @@ def test_a_training_that_failed_passes_on_every_step_before_it_then_ends_with_it
     for item in [loop(1), loop(2, milestone=True), TrainingFailed("loss is NaN/Inf at step 3"), report(2), RunEnded()]:
         arrived.put(item)
     with pytest.raises(RunError, match=r"^loss is NaN/Inf at step 3$"):
-        for metrics, checkpoint in in_step_order(arrived):
-            passed.append((metrics["step"], metrics["source"], checkpoint))
+        for got in in_step_order(arrived):
+            passed.append((got.step, got.metrics["source"], got.checkpoint))
     assert passed == [(1, "loop", None), (2, "ray", "ckpt")]
 
 
@@ -196,7 +223,7 @@ def test_a_restart_after_rank_0_said_why_it_failed_gets_a_say_of_its_own():
     for item in [loop(1), TrainingFailed("loss is NaN/Inf at step 2"), WorkersFailed("the worker died"), loop(2),
                  RunEnded()]:
         arrived.put(item)
-    assert [m["step"] for m, _ in in_step_order(arrived)] == [1, 2]
+    assert [r.step for r in in_step_order(arrived)] == [1, 2]
 
 
 def test_detsweep_train_says_when_ray_train_restarts_its_workers_and_why(capsys):
@@ -209,7 +236,7 @@ def test_detsweep_train_says_when_ray_train_restarts_its_workers_and_why(capsys)
     for item in [loop(1), loop(2, milestone=True), report(2), WorkersFailed("ActorDiedError: the worker died"),
                  loop(3), RunEnded()]:
         arrived.put(item)
-    assert [m["step"] for m, _ in in_step_order(arrived, notes=ConsoleNotes())] == [1, 2, 3]
+    assert [r.step for r in in_step_order(arrived, notes=ConsoleNotes())] == [1, 2, 3]
     assert capsys.readouterr().out == ("workers failed: ActorDiedError: the worker died (Ray Train restarts them from "
                                        "the last checkpoint while scaling.max_failures allows)\n")
 

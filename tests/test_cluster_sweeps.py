@@ -348,7 +348,7 @@ def test_a_worker_node_lost_mid_trial_and_a_tracking_server_outage_lose_no_step(
         [worker] = [actor for actor in actors_of(autoscaling, "RayTrainWorker") if actor.state == "ALIVE"]
         head = autoscaling.head_node()
         assert worker.node_id != head
-        for kept in ("ImplicitFunc", "TrainController"):  # the trial (Tune names its class so) and its controller
+        for kept in ("Trial", "TrainController"):  # the trial (ending_on_stop names its class so) and its controller
             assert {actor.node_id for actor in actors_of(autoscaling, kept) if actor.state == "ALIVE"} == {head}, kept
         # by construction, not by chance: the trial's placement asks for the head's own resource
         groups = list_placement_groups(address=autoscaling.dashboard, detail=True, raise_on_missing_output=False)

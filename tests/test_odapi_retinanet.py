@@ -213,7 +213,7 @@ def test_the_imported_zoo_retinanet_trains_five_steps_at_256_px_on_one_batch_of_
     ])
     assert config.model.backbone == "resnet50" and config.model.image_resizer == "fixed_shape"
     reports = []
-    run_training(config, lambda metrics, checkpoint, milestone: reports.append(metrics))
+    run_training(config, lambda metrics, checkpoint, milestone, pictures: reports.append(metrics))
     assert [report["step"] for report in reports] == [1, 2, 3, 4, 5]
     for report in reports:
         assert all(math.isfinite(report[key]) for key in ("train/loss", "train/box_loss", "train/classification_loss"))

@@ -396,7 +396,7 @@ def test_a_trial_from_a_detector_preset_trains_and_checkpoints_the_presets_archi
                                             "train.batch_size=2", "train.num_steps=2", "train.steps_per_loop=2",
                                             "train.checkpoint_every=2"])
     kept = []
-    run_training(config, lambda metrics, checkpoint, milestone: kept.append(read_config(checkpoint)) if checkpoint else None)
+    run_training(config, lambda metrics, checkpoint, milestone, pictures: kept.append(read_config(checkpoint)) if checkpoint else None)
     [saved] = kept
     assert (saved.model.image_size, saved.model.max_level, saved.model.head_conv_layers) == (96, 4, 1)
     assert (saved.model.image_mean, saved.model.image_std) == preset_normalisation(str(folder))

@@ -109,6 +109,19 @@ def test_the_writer_gives_up_on_a_refusal_at_once_and_on_an_outage_at_its_deadli
     assert calls == [1] and time.monotonic() - started < 10
 
 
+def test_draining_the_writer_waits_for_what_was_submitted_and_leaves_it_open():
+    """What a stopped trial's process waits for before Tune ends it (``trainables.trial.ending_on_stop``)."""
+    slow, done = threading.Event(), []
+    writer = RetryingWriter(max_backoff_s=0.1)
+    writer.submit("slow", slow.wait)
+    writer.submit("after", lambda: done.append("after"))
+    assert not writer.drain(timeout_s=0.3) and done == []  # still writing: it says so at its bound
+    slow.set()
+    assert writer.drain(timeout_s=5) and done == ["after"]
+    writer.submit("later", lambda: done.append("later"))
+    assert writer.close(timeout_s=5) == [] and done == ["after", "later"]
+
+
 def test_the_writer_counts_a_write_still_in_flight_at_its_deadline_as_lost():
     """A call the server never answers (a hung request) is given up at close: lost, as is
     everything queued behind it."""
@@ -175,12 +188,10 @@ def test_a_checkpoint_write_retried_after_a_failure_part_way_finishes_the_same_m
 
 
 def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_path):
-    import base64
-
     import ray.train
     from mlflow import MlflowClient
 
-    from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
+    from detsweep.evaluation.pictures import SCHEDULE_FILE, detections_file
     from detsweep.optim.report import schedule_png
     from detsweep.sweeps.experiment import as_run
     from detsweep.sweeps.spec import load_sweep
@@ -196,9 +207,10 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     first = trial()
     server_busy = threading.Event()
     first.writer.submit("a slow server", server_busy.wait)
-    schedule = base64.b64encode(schedule_png(sweep.base)).decode("ascii")  # a first report's, drawn by the worker
-    first.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2, SCHEDULE_PICTURE_KEY: schedule},
-                     ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 10))))
+    schedule = schedule_png(sweep.base)  # a first report's, drawn by the worker
+    first.log_report({"step": 10, "train/loss": 1.0, "eval/AP_best": 0.2},
+                     ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 10))),
+                     {SCHEDULE_FILE: schedule, detections_file(10): b"first"})
     shutil.rmtree(tmp_path / "checkpoint_10")  # Ray Train drops it (num_to_keep) before the writer gets there
     server_busy.set()
     first.log_report({"step": 20, "train/loss": 0.5})
@@ -207,7 +219,7 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     again = trial(start_step=10)  # restarted from the step-10 checkpoint: 20 is trained twice
     again.log_report({"step": 20, "train/loss": 0.7, "restore/step": 10, "startup/total_s": 9.0})
     again.log_report({"step": 30, "train/loss": 0.3, "eval/AP_best": 0.1},
-                     ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 30))))
+                     ray.train.Checkpoint.from_directory(str(checkpoint_dir(tmp_path, 30))), {detections_file(30): b"30"})
     again.log_report({"step": 40, "train/loss": 0.2})
     again.note_worker_failure("the worker died")  # Ray Train restarts the group from step 30's checkpoint
     again.note_replayed(40)  # the channel's word: the restarted group trained 40 again
@@ -240,8 +252,14 @@ def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_pa
     with local_copy(model_uri(best_of(models, "eval/AP_best", "max")), backend.uri) as best:
         assert json.loads((best / "meta.json").read_text())["step"] == 10
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "learning_rate.png", "error.txt"} <= names and "checkpoints" not in names
-    assert not [name for name in client.get_run(run.info.run_id).data.metrics if name.startswith("_picture")]
+    assert {"config.yaml", "learning_rate.png", "error.txt", "detections"} <= names and "checkpoints" not in names
+    # pictures are files of the run, each as it was drawn, never metrics
+    assert client.download_artifacts(run.info.run_id, "learning_rate.png", str(tmp_path)) and \
+        (tmp_path / "learning_rate.png").read_bytes() == schedule
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "detections")} == {
+        "detections/step_000010.png", "detections/step_000030.png"}
+    assert set(run.data.metrics) == {"train/loss", "eval/AP_best", "restore/step", "startup/total_s",
+                                     "hparams/optimizer.learning_rate.learning_rate_base"}
     assert (tmp_path / "mlartifacts" / "quickstart").is_dir()
 
 
@@ -412,9 +430,11 @@ def test_best_shows_what_the_best_trial_ran_on_under_it_and_nothing_for_a_run_ol
     assert not [line for line in shown(trial("older", {}), trial("next", ran_on)) if "ran on:" in line]
 
 
-def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_the_driver(tmp_path):
-    """ASHA ends a stopped trial's process at once, its MLflow writer with it: the driver
-    uploads the checkpoint Tune kept for the trial when the sweep closes."""
+def test_the_driver_ends_a_stopped_trials_run_with_what_it_cost_and_uploads_nothing(tmp_path):
+    """A trial the scheduler stopped left its run RUNNING (its own process wrote what it reported,
+    checkpoints included: ``trainables.trial.ending_on_stop``); the driver marks it KILLED and early
+    stopped, and writes what it cost on it and on the sweep's run. It uploads no checkpoint,
+    though Tune holds one for the trial."""
     from mlflow import MlflowClient
 
     from detsweep.sweeps.experiment import as_run
@@ -426,7 +446,7 @@ def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_
     link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
     stopped = TrialRun(link, TrialIdentity("t_00001", "trial_t_00001"), sweep.base)
     stopped.log_report({"step": 5, "train/loss": 2.0})
-    stopped.close()  # killed before its checkpoint was written
+    stopped.close()
     cost = {"cost/cpu_hours": 0.25, "cost/gpu_hours": 0.0}
     trial = {"trial_id": "t_00001", "status": "STOPPED", "metrics": {"step": 5, "eval/AP_best": 0.1}, "config": {},
              "checkpoint": str(checkpoint_dir(tmp_path, 5)), "error": None, "cost": cost}
@@ -434,11 +454,10 @@ def test_a_trial_stopped_before_its_best_checkpoint_reached_mlflow_gets_it_from_
 
     client = MlflowClient(backend.uri)
     run = client.get_run(stopped.run_id)
-    [model] = checkpoints(client, [link.experiment_id], stopped.run_id)
-    assert run.info.status == "KILLED" and step_of(model) == 5
+    assert run.info.status == "KILLED" and run.data.tags["early_stopped"] == "true"
+    assert checkpoints(client, [link.experiment_id], stopped.run_id, ready=False) == []
     assert {k: run.data.metrics[k] for k in cost} == cost  # the driver writes what the trial cost
     assert {k: client.get_run(link.parent_run_id).data.metrics[k] for k in cost} == cost
-    assert {a.path for a in client.list_logged_model_artifacts(model.model_id)} == {"meta.json"}
 
 
 def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_path):

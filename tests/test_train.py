@@ -44,7 +44,7 @@ class Recorder:
     def __init__(self, keep_dir=None):
         self.reports, self.checkpoints, self.keep_dir = [], [], keep_dir
 
-    def __call__(self, metrics, checkpoint, milestone):
+    def __call__(self, metrics, checkpoint, milestone, pictures):
         self.reports.append(metrics)
         if checkpoint is not None and self.keep_dir is not None:
             import shutil
@@ -337,7 +337,7 @@ def test_an_async_evaluation_that_fails_ends_the_training_with_its_reason(tmp_pa
     import ray.train
 
     from detsweep.config import ScalingConfig
-    from detsweep.trainables.channel import EvaluationFailed, RunEnded, RunError, in_step_order
+    from detsweep.trainables.channel import Evaluation, RunEnded, RunError, in_step_order
     from detsweep.trainables.evaluator import evaluate_reported
 
     (tmp_path / "meta.json").write_text(json.dumps({"step": 40, "categories": []}))
@@ -347,7 +347,7 @@ def test_an_async_evaluation_that_fails_ends_the_training_with_its_reason(tmp_pa
                           scaling=ScalingConfig())
     reason = f"{tmp_path} is not a detsweep checkpoint (expected config.yaml and ckpt.index in it)"
     [failed] = list(reports.queue)
-    assert isinstance(failed, EvaluationFailed) and (failed.step, failed.reason) == (40, reason)
+    assert isinstance(failed, Evaluation) and (failed.step, failed.failure) == (40, reason)
     reports.put(RunEnded())
     with pytest.raises(RunError) as ended:
         list(in_step_order(reports))

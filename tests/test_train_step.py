@@ -37,7 +37,7 @@ def test_no_retracing_between_loops_after_evaluation_or_for_a_shorter_last_loop(
     evaluator = Evaluator(model, val_set, spec, batch_size=8)
     for _ in range(2):
         result = loop(batches, tf.constant(2))
-        evaluator.evaluate_with_average(average)
+        evaluator.evaluate_with_average(average, int(state.step.numpy()))
     loop(batches, tf.constant(1))
     assert int(state.step.numpy()) == 5 and int(result["steps_run"]) == 2
     assert loop.experimental_get_tracing_count() == 1

@@ -195,7 +195,7 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
     assert "detsweep: sizing trials against the nodes alive now: no cluster config was found" in result.stderr
     assert [t["status"] for t in report["trials"]] == ["TERMINATED", "TERMINATED"]
     assert seen.stop() == cluster.nodes  # the two trials' workers ran on both nodes of this cluster
-    assert {kind for kind, _ in seen.do_not_track} == {"ImplicitFunc", "RayTrainWorker"}, seen.do_not_track
+    assert {kind for kind, _ in seen.do_not_track} == {"Trial", "RayTrainWorker"}, seen.do_not_track
     assert set(seen.do_not_track.values()) == {"true"}, seen.do_not_track
     # the writer's settings too, from each process's start: none adds a variable while Ray's threads run
     assert set(seen.max_retries.values()) == {"0"}, seen.max_retries
@@ -420,7 +420,7 @@ class watch_train_worker_nodes:
     trial's process started with (Tune's trial actor, its Ray Train workers): ``do_not_track``
     and ``max_retries``, by class name and pid."""
 
-    TRIAL_PROCESSES = ("ImplicitFunc", "RayTrainWorker")  # Tune names a function trainable's class so
+    TRIAL_PROCESSES = ("Trial", "RayTrainWorker")  # detsweep names its trainable's class so (ending_on_stop)
 
     def __init__(self, dashboard: str):
         self.dashboard = dashboard

@@ -10,15 +10,13 @@ import numpy as np
 from detsweep.data import DetectionSet
 
 MIN_SCORE = 0.3
-# A report's pictures travel under these keys beside the metrics, as base64 PNG text (Ray
-# Train keeps reports as JSON); whoever logs metrics takes them out first.
-PICTURE_PREFIX = "_picture/"
-PICTURE_KEY = PICTURE_PREFIX + "detections"  # at every evaluation
-SCHEDULE_PICTURE_KEY = PICTURE_PREFIX + "learning_rate"  # once, with a run's first report
+# A run's pictures are files (MLflow artifacts), never metrics; these are their paths in the run.
+SCHEDULE_FILE = "learning_rate.png"  # once, with a run's first report
 
 
-def without_pictures(metrics: dict) -> dict:
-    return {key: value for key, value in metrics.items() if not key.startswith(PICTURE_PREFIX)}
+def detections_file(step: int) -> str:
+    """The picture of the detections at an evaluation of ``step``."""
+    return f"detections/step_{step:06d}.png"
 
 
 def detections_picture(val_set: DetectionSet, detections: list[dict], count: int = 3, title: str = "") -> bytes:

@@ -17,7 +17,7 @@ from ray.tune.search import BasicVariantGenerator
 from detsweep.adapters.ray import result_files
 from detsweep.config.loader import set_path
 from detsweep.tracking.trial_run import RunLink
-from detsweep.trainables.trial import run_trial
+from detsweep.trainables.trial import ending_on_stop, run_trial
 
 from . import rungs
 from .experiment import storage_path
@@ -130,7 +130,7 @@ def trial_name(trial) -> str:
 
 def trainable():
     """What every trial runs; ``Tuner.restore`` needs the same object again."""
-    return tune.with_resources(run_trial, TRIAL_DRIVER)
+    return ending_on_stop(tune.with_resources(run_trial, TRIAL_DRIVER))
 
 
 def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks: list | None = None,

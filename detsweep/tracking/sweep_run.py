@@ -13,13 +13,10 @@ from typing import Any
 import yaml
 
 import detsweep
-from detsweep.checkpoints import is_uri, local_folder, read_step
 
 from .backend import Backend
-from .best import CURVE_METRICS
-from .checkpoint_models import checkpoints, keep_best_and_latest, log_checkpoint, step_of
 from .provenance import run_environment_tags
-from .trial_run import PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten, ranked_by
+from .trial_run import PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
 
 RESULTS_TAG = "detsweep.results_path"
 
@@ -171,30 +168,12 @@ def end_trial_run(client, run, trial: dict[str, Any]) -> None:
     run_id = run.info.run_id
     step = int(trial["metrics"].get("step", 0))
     client.log_batch(run_id, metrics=[Metric(k, v, 0, step) for k, v in trial["cost"].items()])
-    if trial.get("checkpoint"):
-        keep_tunes_checkpoint(client, run, trial["checkpoint"])
     if status == "KILLED":
         client.set_tag(run_id, "early_stopped", "true")
     if status == "FAILED" and trial.get("error") and "detsweep.error" not in run.data.tags:
         client.set_tag(run_id, "detsweep.error", trial["error"][:5000])
     if run.info.status != status:
         client.set_terminated(run_id, status)
-
-
-def keep_tunes_checkpoint(client, run, checkpoint: str) -> None:
-    """A trial stopped by the scheduler is ended at once, its writer with it, maybe before its
-    best checkpoint was READY in MLflow; the driver uploads the one Tune kept for it (a folder,
-    or a bucket's URI) unless the run has it, scored by what the run logged at its step."""
-    if not is_uri(checkpoint) and not Path(checkpoint).is_dir():  # gone with its trial's folder
-        return
-    run_id, experiment, step = run.info.run_id, run.info.experiment_id, read_step(checkpoint)
-    if step in {step_of(model) for model in checkpoints(client, [experiment], run_id)}:
-        return
-    points = [point for key in run.data.metrics if key.startswith(CURVE_METRICS)
-              for point in client.get_metric_history(run_id, key) if point.step == step]
-    with local_folder(checkpoint) as directory:
-        log_checkpoint(client, experiment, run_id, directory, step, points)
-    keep_best_and_latest(client, experiment, run_id, *ranked_by(run))
 
 
 def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]) -> str:

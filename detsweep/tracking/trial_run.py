@@ -15,7 +15,7 @@ READY, and only the best and the latest are kept.
 
 from __future__ import annotations
 
-import base64
+import functools
 import itertools
 import logging
 import os
@@ -31,8 +31,7 @@ from typing import Any
 import yaml
 
 from detsweep.config import TrialConfig
-from detsweep.evaluation.pictures import PICTURE_KEY, SCHEDULE_PICTURE_KEY
-from detsweep.startup import once_per_start
+from detsweep.startup import NewSteps
 
 from .backend import use_writer_settings
 from .checkpoint_models import keep_best_and_latest, log_checkpoint
@@ -116,11 +115,10 @@ class TrialRun:
         self.run_id: str | None = None
         self.reopened = False  # the run was found: a resumed trial's
         self.opened = threading.Event()  # run_id is known
-        self.last_step = -1
+        self.steps = NewSteps()  # the last step logged; what a replayed start carried (start-up, restore)
         self.replayed = ReplayedSteps()
         self.notices = itertools.count()  # numbers each report and note: a retried write counts its replay once
         self.counted_notice = -1  # the last of them whose replay is in ``replayed``
-        self.carried: dict[str, float] = {}  # a dropped step's once-per-start metrics, for the next step logged
         self.earlier_failures = 0  # worker failures the run's tag held when it was reopened
         self.noted_failures = 0  # worker failures this object was told of
         self.logged: tuple[int, list] | None = None  # the last step logged and its points, for its checkpoint
@@ -158,7 +156,7 @@ class TrialRun:
         failed read finds the run again rather than skipping what was not read."""
         self.client.update_run(run.info.run_id, status="RUNNING")
         history = self.client.get_metric_history(run.info.run_id, "train/loss")
-        self.last_step = max((m.step for m in history), default=-1)
+        self.steps = NewSteps(max((m.step for m in history), default=-1))
         self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
         failures = run.data.tags.get(WORKER_FAILURES_TAG)
         self.earlier_failures = int(failures.split(":")[0]) if failures else 0
@@ -209,17 +207,15 @@ class TrialRun:
         """A JSON artifact (``warm_start.json``: what a fine-tune restored)."""
         self.writer.submit(name, lambda: self.client.log_dict(self.run_id, value, name))
 
-    def log_report(self, metrics: dict[str, Any], checkpoint=None) -> None:
-        """One report of Ray Train: its metrics at its step, and its checkpoint when it has one."""
+    def log_report(self, metrics: dict[str, Any], checkpoint=None, pictures: dict[str, bytes] | None = None) -> None:
+        """One step's report: its metrics at its step, its checkpoint when it has one, and the
+        pictures drawn at it as files (artifact path → PNG bytes; a step trained twice, after
+        a restart, overwrites its own)."""
         step, now, notice = int(metrics.get("step", 0)), int(time.time() * 1000), next(self.notices)
         values = {k: float(v) for k, v in metrics.items() if "/" in k and isinstance(v, (int, float))}
         self.writer.submit(f"metrics at step {step}", lambda: self._log_metrics(step, values, now, notice))
-        if metrics.get(PICTURE_KEY):
-            png = base64.b64decode(metrics[PICTURE_KEY])
-            self.writer.submit(f"the picture at step {step}", lambda: self._log_picture(step, png, "detections"))
-        if metrics.get(SCHEDULE_PICTURE_KEY):  # drawn by the worker: no TensorFlow in this process
-            schedule = base64.b64decode(metrics[SCHEDULE_PICTURE_KEY])
-            self.writer.submit("the learning-rate schedule", lambda: self._log_picture(None, schedule, ""))
+        for path, png in (pictures or {}).items():
+            self.writer.submit(path, functools.partial(self._log_picture, path, png))
         if checkpoint is not None:
             copy = self._snapshot(checkpoint, step)
             self.writer.submit(f"the checkpoint at step {step}", lambda: self._log_checkpoint(copy, step))
@@ -248,29 +244,28 @@ class TrialRun:
         from mlflow.entities import Metric
 
         if force:  # values from here on; never at a step this key already has
-            step = max(step, self.last_step + 1)
-        elif step <= self.last_step:  # this run has it: a resumed trial went back to its checkpoint
+            step = max(step, self.steps.last + 1)
+        elif (admitted := self.steps.admit(step, values)) is None:  # a resumed trial went back to its checkpoint
             self._note_replayed(step, notice)
-            self.carried |= once_per_start(values)
             self.logged = None  # a checkpoint at this step is not what scored the run's values here
             return
         else:
-            values = {**self.carried, **values}  # carried until written: a failed write is retried whole
+            values = admitted  # with what was carried, until written: a failed write is retried whole
         if not values:
             return
         points = [Metric(k, v, now or int(time.time() * 1000), step) for k, v in values.items()]
         self.client.log_batch(self.run_id, metrics=points)
         if not force:
-            self.last_step, self.logged, self.carried = step, (step, points), {}
+            self.steps.passed(step)
+            self.logged = (step, points)
             self.replayed.close_range()
 
-    def _log_picture(self, step: int | None, png: bytes, folder: str) -> None:
-        """``detections/step_000200.png`` (a step trained twice, after a restart, overwrites
-        it), or with no step ``learning_rate.png``."""
+    def _log_picture(self, path: str, png: bytes) -> None:
+        """``png`` as the run's artifact ``path`` (``detections/step_000200.png``)."""
+        folder, _, name = path.rpartition("/")
         with tempfile.TemporaryDirectory() as scratch:
-            path = Path(scratch) / (f"step_{step:06d}.png" if step is not None else "learning_rate.png")
-            path.write_bytes(png)
-            self.client.log_artifact(self.run_id, str(path), folder or None)
+            (Path(scratch) / name).write_bytes(png)
+            self.client.log_artifact(self.run_id, str(Path(scratch) / name), folder or None)
 
     def _snapshot(self, checkpoint, step: int) -> Path:
         """The checkpoint's files under this run's scratch folder: hard links where the

@@ -21,7 +21,7 @@ class RetryingWriter:
     server is back (bench/tracking_load.py restarts it mid-sweep)."""
 
     def __init__(self, max_backoff_s: float = 10.0):
-        self._calls: queue.Queue = queue.Queue()
+        self._calls: queue.Queue = queue.Queue()  # task_done per call: ``drain`` waits on it
         self._max_backoff_s = max_backoff_s
         self._deadline: float | None = None
         self.lost: list[str] = []
@@ -31,6 +31,18 @@ class RetryingWriter:
 
     def submit(self, what: str, call: Callable[[], object]) -> None:
         self._calls.put((what, call))
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until every call submitted so far was written or given up
+        on, and keep accepting calls; whether it got there in time."""
+        deadline = time.monotonic() + timeout_s
+        with self._calls.all_tasks_done:
+            while self._calls.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._calls.all_tasks_done.wait(min(left, 1.0))
+        return True
 
     def close(self, timeout_s: float = 60.0) -> list[str]:
         """Wait up to ``timeout_s`` for what is queued; returns what could not be written: what
@@ -54,6 +66,7 @@ class RetryingWriter:
             if not self._call_until_done(what, call):
                 self.lost.append(what)
             self._in_flight = None
+            self._calls.task_done()
 
     def _call_until_done(self, what: str, call: Callable[[], object]) -> bool:
         backoff = 1.0

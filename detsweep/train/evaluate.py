@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import keras
@@ -14,8 +14,16 @@ from detsweep.data import DetectionSet
 from detsweep.data.pipeline import evaluation_dataset
 from detsweep.data.processing import InputSpec, decoded_detections, in_original_image, raw_predictions
 from detsweep.evaluation import evaluate_detections, to_coco_detections
-from detsweep.evaluation.pictures import PICTURE_KEY, detections_picture
+from detsweep.evaluation.pictures import detections_file, detections_picture
 from detsweep.optim import MovingAverage
+
+
+@dataclass(frozen=True)
+class Scores:
+    """An evaluation's metrics, and the pictures it drew (artifact path → PNG bytes)."""
+
+    metrics: dict[str, float]
+    pictures: dict[str, bytes] = field(default_factory=dict)
 
 
 class Evaluator:
@@ -69,9 +77,9 @@ class Evaluator:
                 images += count
         return detections, {k: v / images for k, v in sums.items()}
 
-    def evaluate_with_average(self, moving_average: MovingAverage | None, picture: bool = False) -> dict:
+    def evaluate_with_average(self, moving_average: MovingAverage | None, step: int, picture: bool = False) -> Scores:
         """``eval/*``, ``eval_ema/*`` when there is an average, and ``eval/AP_best``; with
-        ``picture``, also ``PICTURE_KEY``: a PNG (base64) of the better weights' detections."""
+        ``picture``, a picture of the better weights' detections, as the evaluation of ``step``'s."""
         detections, loss = self.detect_all()
         metrics = {f"eval/{k}": v for k, v in (evaluate_detections(self.ground_truth, detections) | loss).items()}
         best, shown, weights = metrics["eval/AP"], detections, "raw"
@@ -83,11 +91,8 @@ class Evaluator:
             if averaged["AP"] > best:
                 best, shown, weights = averaged["AP"], averaged_detections, "moving-average"
         metrics["eval/AP_best"] = best
-        if picture:
-            png = self.picture(shown, title=f"{weights} weights, AP {best:.3f}")
-            if png:
-                metrics[PICTURE_KEY] = base64.b64encode(png).decode("ascii")
-        return metrics
+        png = self.picture(shown, title=f"{weights} weights, AP {best:.3f}") if picture else None
+        return Scores(metrics, {detections_file(step): png} if png else {})
 
     def picture(self, detections: list[dict], title: str) -> bytes | None:
         """A picture is a courtesy: if drawing it fails, training goes on without it."""
@@ -103,7 +108,7 @@ def is_due(step: int, every: int, last_step: int) -> bool:
 
 
 def evaluate_checkpoint(directory: str | Path, overrides: list[str] = (), verify: bool = True,
-                        picture: bool = False) -> dict[str, float]:
+                        picture: bool = False) -> Scores:
     """The saved model (and its average) on its config's val set: ``detsweep eval --checkpoint``,
     and an evaluation off the training path (whose val set the driver verified already)."""
     from detsweep.data import load_dataset
@@ -117,4 +122,5 @@ def evaluate_checkpoint(directory: str | Path, overrides: list[str] = (), verify
     val_set = load_dataset(trained.config.data.val, verify=verify)
     evaluator = Evaluator(trained.model, val_set, InputSpec.of(trained.config.model), batch_size=8,
                           losses=trained.losses)
-    return {"step": trained.step, **evaluator.evaluate_with_average(trained.moving_average, picture=picture)}
+    scores = evaluator.evaluate_with_average(trained.moving_average, trained.step, picture=picture)
+    return Scores({"step": trained.step, **scores.metrics}, scores.pictures)

@@ -35,9 +35,10 @@ class Milestone(enum.Enum):
     EVALUATE = "evaluate"  # a checkpoint whose evaluation is the reporter's to start (train.evaluation: async)
 
 
-# report(metrics, checkpoint_dir, milestone), after every loop. The directory exists only
-# during the call: copy what you keep.
-Reporter = Callable[[dict[str, float], "Path | None", Milestone], None]
+# report(metrics, checkpoint_dir, milestone, pictures), after every loop; ``pictures``: the
+# files an evaluation drew (artifact path → PNG bytes), with WorkerContext.pictures. The
+# directory exists only during the call: copy what you keep.
+Reporter = Callable[[dict[str, float], "Path | None", Milestone, dict[str, bytes]], None]
 
 
 class TrainingDiverged(RuntimeError):
@@ -94,14 +95,16 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         metrics, restored = metrics | restored, {}  # only the first report carries restore/*
         # --- evaluate, checkpoint, report ----------------------------------------------
         evaluation_due = val_set is not None and is_due(step, train.eval_every, train.num_steps)
+        pictures: dict[str, bytes] = {}
         if evaluator and evaluation_due:
-            metrics |= evaluator.evaluate_with_average(state.moving_average, picture=context.pictures)
+            scores = evaluator.evaluate_with_average(state.moving_average, step, picture=context.pictures)
+            metrics, pictures = metrics | scores.metrics, scores.pictures
         milestone, checkpoint_due = milestone_of(step, train, evaluation_due)
         if checkpoint_due:
             with tempfile.TemporaryDirectory(prefix="detsweep-ckpt-") as scratch:
-                report(metrics, state.save(Path(scratch), config, train_set.categories), milestone)
+                report(metrics, state.save(Path(scratch), config, train_set.categories), milestone, pictures)
         else:
-            report(metrics, None, milestone)
+            report(metrics, None, milestone, pictures)
     return metrics
 
 
@@ -125,10 +128,11 @@ def with_first_report_extras(report: Reporter, extras: Callable[[], dict]) -> Re
     reported once, computed when the first loop is done (start-up phases, say)."""
     pending = [extras]
 
-    def reporting(metrics: dict[str, float], checkpoint_dir: Path | None, milestone: Milestone) -> None:
+    def reporting(metrics: dict[str, float], checkpoint_dir: Path | None, milestone: Milestone,
+                  pictures: dict[str, bytes]) -> None:
         if pending:
             metrics = metrics | pending.pop()()
-        report(metrics, checkpoint_dir, milestone)
+        report(metrics, checkpoint_dir, milestone, pictures)
 
     return reporting
 

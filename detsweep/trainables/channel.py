@@ -21,10 +21,17 @@ process that owns the MLflow run (the trial's, or ``detsweep train``'s driver) t
   own (Ray Train's ``ValidationConfig``, :mod:`.evaluator`), which puts the metrics on the same
   channel; the merge adds them to the milestone's report, so Tune, MLflow and the progress lines
   see them at the checkpoint's step, as if the workers had evaluated inline;
+- pictures (PNG files an evaluation drew, and the schedule's with the first loop) travel beside
+  the metrics, from rank 0 or the evaluation task, never through Ray Train: the owner gets each
+  step as one :class:`Report` (metrics, checkpoint, pictures);
 - a training that diverged ends its run rather than fail its workers: Ray Train restarts failed
   workers from their last checkpoint (``scaling.max_failures``), where the same steps would
   diverge again. Rank 0 sends the reason after its last loop (:class:`TrainingFailed`), and the
-  merge raises it once every step before it was passed on.
+  merge raises it once every step before it was passed on; so it does the reason
+  ``trainer.fit()`` raised, which ends the run (:class:`RunEnded`).
+
+Six kinds of message in all: a loop, Ray Train's report, an evaluation (or its failure),
+failed workers, a failed training, the end.
 
 The channel carries two values the other way, published by the owner: the MLflow run the
 workers log their nodes' system metrics to (known only once the owner opened it, which it
@@ -38,13 +45,13 @@ import asyncio
 import queue as local
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import ray.train
 
 from detsweep.errors import failure_reason
-from detsweep.startup import once_per_start
+from detsweep.startup import NewSteps
 
 
 class RunChannel:
@@ -115,14 +122,15 @@ class ChannelActor:
 
 @dataclass(frozen=True)
 class LoopMetrics:
-    """One loop's metrics, from rank 0; ``milestone``: Ray Train gets a report of this step too;
-    ``evaluated_elsewhere``: and an evaluation task gets its checkpoint."""
+    """One loop's metrics and pictures, from rank 0; ``milestone``: Ray Train gets a report of
+    this step too; ``evaluated_elsewhere``: and an evaluation task gets its checkpoint."""
 
     step: int
     metrics: dict[str, Any]
     milestone: bool
     at: float = 0.0  # when the loop ended, by rank 0's clock (time.time())
     evaluated_elsewhere: bool = False
+    pictures: dict[str, bytes] = field(default_factory=dict)  # artifact path → PNG bytes
 
 
 @dataclass(frozen=True)
@@ -136,18 +144,15 @@ class RayReport:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The metrics of a checkpoint evaluated off the training path, and when that ran (time.time())."""
+    """The metrics and pictures of a checkpoint evaluated off the training path, and when that
+    ran (time.time()); or, with ``failure``, why it could not be scored."""
 
     step: int
     metrics: dict[str, Any]
     started: float = 0.0
     ended: float = 0.0
-
-
-@dataclass(frozen=True)
-class EvaluationFailed:
-    step: int
-    reason: str
+    pictures: dict[str, bytes] = field(default_factory=dict)
+    failure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,20 @@ class WorkersFailed:
 
 @dataclass(frozen=True)
 class RunEnded:
-    """``trainer.fit()`` returned or raised: nothing more will come."""
+    """``trainer.fit()`` returned, or raised for ``failure``: nothing more will come."""
+
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """One step as the run's owner gets it: its metrics, the checkpoint saved at it, and the
+    pictures drawn at it (artifact path → PNG bytes)."""
+
+    step: int
+    metrics: dict[str, Any]
+    checkpoint: ray.train.Checkpoint | None = None
+    pictures: dict[str, bytes] = field(default_factory=dict)
 
 
 class ForwardReports(ray.train.UserCallback):
@@ -243,36 +261,35 @@ class LoopSender:
                 self.pending.task_done()
 
 
-def in_step_order(reports: RunChannel | local.Queue, settled: Callable[[int], None] = lambda step: None, notes: RunNotes = NO_NOTES,
-                  ) -> Iterator[tuple[dict[str, Any], ray.train.Checkpoint | None]]:
-    """Every step's metrics once, in step order, until the run ends: a loop's own metrics, or
-    for a milestone Ray Train's report of it with its checkpoint, and the evaluation of that
-    checkpoint when it ran elsewhere (the loops after a milestone wait here, never in the
-    worker, until all of it arrived). A step trained again after a restart replaces one not
-    yet passed on; one already passed on is dropped (its start-up and restore metrics go on
-    with the next step passed on), and ``notes`` hears of it (a restart that went back further
-    than its checkpoint shows there), as of failed workers. ``settled(step)`` is called once an
-    evaluated step was passed on (and its consumer returned) or dropped: only then may Ray
-    Train delete that checkpoint. Raises :class:`EvaluationError` when an evaluation failed,
-    and :class:`RunError` at the end of a run whose training failed (every step before passed on)."""
+def in_step_order(reports: RunChannel | local.Queue, settled: Callable[[int], None] = lambda step: None,
+                  notes: RunNotes = NO_NOTES) -> Iterator[Report]:
+    """Every step once, in step order, until the run ends: a loop's metrics, or for a milestone
+    Ray Train's report of it with its checkpoint, and the evaluation of that checkpoint when it
+    ran elsewhere (the loops after a milestone wait here, never in the worker, until all of it
+    arrived), with the pictures drawn at it. A step trained again after a restart replaces one
+    not yet passed on; one already passed on is dropped (:class:`detsweep.startup.NewSteps`),
+    and ``notes`` hears of it (a restart that went back further than its checkpoint shows
+    there), as of failed workers. ``settled(step)`` is called once an evaluated step was passed
+    on (and its consumer returned) or dropped: only then may Ray Train delete that checkpoint.
+    Raises :class:`EvaluationError` when an evaluation failed, and :class:`RunError` at the end
+    of a run whose training failed (every step before passed on)."""
     loops: dict[int, LoopMetrics] = {}
     received: dict[int, RayReport] = {}
     evaluations: dict[int, Evaluation] = {}
-    carried: dict[str, Any] = {}  # what a restart said once on a dropped step, for the next step passed on
-    failed: TrainingFailed | None = None
-    passed = -1
-    ended = False
-    while not ended:
+    steps = NewSteps()
+    failed: str | None = None
+    ended: RunEnded | None = None
+    while ended is None:
         item = reports.get()
         if isinstance(item, RunEnded):
-            ended = True
+            ended = item
         elif isinstance(item, TrainingFailed):
-            failed = item
+            failed = item.reason
         elif isinstance(item, WorkersFailed):  # a restarted group sends its own reason if it fails again
             failed = None
             notes.note_worker_failure(item.reason)
-        elif isinstance(item, EvaluationFailed):
-            raise EvaluationError(f"the evaluation of step {item.step} failed: {item.reason}")
+        elif isinstance(item, Evaluation) and item.failure is not None:
+            raise EvaluationError(f"the evaluation of step {item.step} failed: {item.failure}")
         elif isinstance(item, Evaluation):
             evaluations[item.step] = item
         elif isinstance(item, RayReport):
@@ -281,22 +298,22 @@ def in_step_order(reports: RunChannel | local.Queue, settled: Callable[[int], No
             loops[item.step] = item
         for step in sorted(loops.keys() | received.keys() | evaluations.keys()):
             loop, report, evaluation = loops.get(step), received.get(step), evaluations.get(step)
-            if not ended and _incomplete(loop, report, evaluation):
+            if ended is None and _incomplete(loop, report, evaluation):
                 break  # its report (with the checkpoint) or its evaluation is on the way
             loops.pop(step, None), received.pop(step, None), evaluations.pop(step, None)
             source = report or loop
-            metrics = source.metrics if source else {"step": step}
-            if step > passed:
-                passed = step
-                metrics, carried = {**carried, **metrics}, {}
-                yield {**metrics, **evaluation.metrics} if evaluation else metrics, report.checkpoint if report else None
-            else:
-                carried |= once_per_start(metrics)
+            metrics = steps.admit(step, source.metrics if source else {"step": step})
+            if metrics is None:
                 notes.note_replayed(step)
+            else:
+                steps.passed(step)
+                pictures = (loop.pictures if loop else {}) | (evaluation.pictures if evaluation else {})
+                yield Report(step, metrics | evaluation.metrics if evaluation else metrics,
+                             report.checkpoint if report else None, pictures)
             if evaluation is not None:
                 settled(step)
-    if failed is not None:
-        raise RunError(failed.reason)
+    if failed is not None or ended.failure is not None:
+        raise RunError(failed if failed is not None else ended.failure)
 
 
 def _incomplete(loop: LoopMetrics | None, report: RayReport | None, evaluation: Evaluation | None) -> bool:

@@ -20,7 +20,7 @@ from detsweep.checkpoints import read_step
 from detsweep.config import ScalingConfig
 from detsweep.errors import failure_reason
 
-from .channel import Evaluation, EvaluationFailed, RunChannel
+from .channel import Evaluation, RunChannel
 
 # How long a finished evaluation waits for the run's owner to pass its step on (into MLflow,
 # and Tune's copy of the checkpoint) before Ray Train may delete the checkpoint.
@@ -42,8 +42,9 @@ def evaluation_task(scaling: ScalingConfig, channel: RunChannel, pictures: bool)
 def evaluate_reported(checkpoint: ray.train.Checkpoint, *, channel: RunChannel, pictures: bool,
                       scaling: ScalingConfig) -> dict:
     """Score ``checkpoint`` (raw and moving-average weights) as rank 0 would have inline, put the
-    metrics on the run's channel, and return once the run's owner has passed them on (the owner
-    settles evaluated steps in step order: it publishes each as ``settled``)."""
+    metrics (with ``pictures``, and the picture of the detections) on the run's channel, and
+    return once the run's owner has passed them on (the owner settles evaluated steps in step
+    order: it publishes each as ``settled``)."""
     started = time.time()
     from detsweep.train.evaluate import evaluate_checkpoint  # TensorFlow loads in the task only
     from detsweep.train.strategy import use_worker_devices
@@ -52,11 +53,11 @@ def evaluate_reported(checkpoint: ray.train.Checkpoint, *, channel: RunChannel, 
         step = read_step(directory)
         try:
             use_worker_devices(scaling)  # before TensorFlow's first op; a GPU it cannot see fails the run
-            metrics = evaluate_checkpoint(directory, verify=False, picture=pictures)
+            scores = evaluate_checkpoint(directory, verify=False, picture=pictures)
         except Exception as error:
-            channel.put(EvaluationFailed(step, failure_reason(error)))
+            channel.put(Evaluation(step, {}, failure=failure_reason(error)))
             raise
-    metrics.pop("step")
-    channel.put(Evaluation(step, metrics, started, time.time()))
+    metrics = {key: value for key, value in scores.metrics.items() if key != "step"}
+    channel.put(Evaluation(step, metrics, started, time.time(), pictures=scores.pictures))
     channel.read("settled", SETTLE_TIMEOUT_S, at_least=step)
     return metrics

@@ -17,7 +17,7 @@ from detsweep.config import ScalingConfig, TrialConfig
 from detsweep.errors import failure_reason
 from detsweep.startup import StartupClock
 
-from .channel import NO_NOTES, ForwardReports, RunChannel, RunEnded, RunError, RunNotes, in_step_order
+from .channel import NO_NOTES, ForwardReports, Report, RunChannel, RunEnded, RunError, RunNotes, in_step_order
 from .evaluator import evaluation_task
 from .request import TrainingRequest
 from .tf_config import TensorflowWorkers
@@ -44,10 +44,10 @@ class ProgressLines:
     def __init__(self, num_steps: int):
         self.num_steps = num_steps
 
-    def __call__(self, metrics: dict, checkpoint) -> None:
-        if "startup/total_s" in metrics:
-            console.say(startup_line(metrics))
-        console.say(progress_line(metrics, self.num_steps, saved=checkpoint is not None))
+    def __call__(self, report: Report) -> None:
+        if "startup/total_s" in report.metrics:
+            console.say(startup_line(report.metrics))
+        console.say(progress_line(report.metrics, self.num_steps, saved=report.checkpoint is not None))
 
 
 def startup_line(metrics: dict) -> str:
@@ -98,36 +98,45 @@ class TrainOutcome:
     error: str | None = None
 
 
-Handler = Callable[[dict, "ray.train.Checkpoint | None"], None]
-
-
-def stream_training(request: TrainingRequest, on_report: Handler, notes: RunNotes = NO_NOTES,
+def stream_training(request: TrainingRequest, on_report: Callable[[Report], None], notes: RunNotes = NO_NOTES,
                     channel: RunChannel | None = None) -> str | None:
-    """Train as ``request`` asks through Ray Train, handing ``on_report`` every loop's metrics
-    in step order, in this thread, with the checkpoint where a loop saved one; ``notes`` hears
+    """Train as ``request`` asks through Ray Train, handing ``on_report`` every loop's
+    :class:`Report` in step order, in this thread (its metrics, the checkpoint where a loop
+    saved one, the pictures where one drew some); ``notes`` hears
     of failed workers and of steps trained again after a restart; ``channel``: the run's (a new
     one by default), on which, for ``request.system_metrics``, this process publishes the MLflow
     run the workers' nodes log their system metrics to. Returns why training failed, or None.
     The workers never wait for this process (:mod:`.channel`)."""
     channel = channel or RunChannel()
     trainer = make_trainer(request, channel)
-    failure: list[BaseException] = []
 
     def fit() -> None:
         try:
             trainer.fit()
-        except BaseException as error:  # reported below, in the caller's thread
-            failure.append(error)
-        finally:
+        except BaseException as error:  # the merge raises it, in the caller's thread, after every step
+            channel.put(RunEnded(failure_reason(error)))
+        else:
             channel.put(RunEnded())
 
     threading.Thread(target=fit, name="detsweep-fit", daemon=True).start()
     try:
-        for metrics, checkpoint in in_step_order(channel, lambda step: channel.publish("settled", step), notes):
-            on_report(metrics, checkpoint)
-    except RunError as error:  # it diverged, or has no score at a step: it cannot go on
+        for report in in_step_order(channel, lambda step: channel.publish("settled", step), notes):
+            on_report(report)
+    except RunError as error:  # it diverged, has no score at a step, or Ray Train gave up
         return str(error)
-    return failure_reason(failure[0]) if failure else None
+    return None
+
+
+class LastReport:
+    """Keeps a training's last metrics and the URI of its last checkpoint, report by report."""
+
+    def __init__(self):
+        self.metrics: dict = {}
+        self.checkpoint: str | None = None
+
+    def __call__(self, report: Report) -> None:
+        self.metrics = report.metrics
+        self.checkpoint = checkpoint_uri(report.checkpoint) if report.checkpoint else self.checkpoint
 
 
 class ConsoleNotes:
@@ -150,16 +159,13 @@ def run_train(config: TrialConfig, name: str, address: str | None = None,
     connect(address)
     check_cluster()
     startup.mark("ray")
-    lines = ProgressLines(config.train.num_steps)
-    last: dict = {"metrics": {}, "checkpoint": None}
+    lines, last = ProgressLines(config.train.num_steps), LastReport()
 
-    def keep_last(metrics: dict, checkpoint) -> None:
-        lines(metrics, checkpoint)
-        last["metrics"] = metrics
-        last["checkpoint"] = checkpoint_uri(checkpoint) if checkpoint else last["checkpoint"]
+    def show_and_keep(report: Report) -> None:
+        lines(report)
+        last(report)
 
-    error = stream_training(TrainingRequest(config, name, storage_path, startup=startup), keep_last, ConsoleNotes())
+    error = stream_training(TrainingRequest(config, name, storage_path, startup=startup), show_and_keep, ConsoleNotes())
     if error:
         return TrainOutcome(steps=0, metrics={}, checkpoint=None, error=error)
-    metrics = last["metrics"]
-    return TrainOutcome(steps=int(metrics.get("step", 0)), metrics=metrics, checkpoint=last["checkpoint"])
+    return TrainOutcome(steps=int(last.metrics.get("step", 0)), metrics=last.metrics, checkpoint=last.checkpoint)

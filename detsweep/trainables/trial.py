@@ -1,36 +1,44 @@
 """The Tune function trainable: one trial = one Ray Train run of the trial's config.
 
-Every loop's report reaches the trial's own process in step order (:mod:`.channel`); this
-function passes those that carry the sweep's metric (the evaluations, with their
+Every loop's report reaches the trial's own process in step order (:mod:`.channel`) as one
+:class:`.channel.Report`: metrics, checkpoint, pictures. This process writes it to the trial's
+MLflow run, then passes those that carry the sweep's metric (the evaluations, with their
 checkpoints) on to Tune. So Tune's schedulers decide on ``eval/…`` at training-step
-granularity, and Tune keeps the checkpoints (for PBT and ``num_to_keep``).
+granularity, and Tune keeps its own copies of the checkpoints (for PBT, pausing, ``resume``).
 
-Who writes the trial's MLflow run: this process, everything the trial reports (params,
-every step's metrics, pictures, checkpoints, replayed steps, worker failures); each node's
-first worker, that node's system metrics (``worker.NodeMonitor``); and the sweep's driver at
-its end, the run's final status and cost, and Tune's checkpoint of a trial stopped before its
-own upload was done (``tracking.sweep_run.close_sweep_run``).
+Who writes the trial's MLflow run:
+
+- this process, everything the trial reports: params, config and datasets, every step's
+  metrics, pictures (as files), checkpoints (each a LoggedModel; only the best and latest are
+  kept), replayed steps and worker failures; when Tune stops the trial, its stop waits for
+  these writes before Tune ends the process (:func:`ending_on_stop`);
+- each node's first worker, that node's system metrics (``worker.NodeMonitor``, MLflow's own
+  monitor, on the run this process publishes once it is open);
+- the sweep's driver, at the sweep's end: the status of a run its trial could not end itself
+  (KILLED for a stopped trial), ``early_stopped`` and what the trial cost
+  (``tracking.sweep_run.close_sweep_run``).
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import ray.tune
+from ray.tune.trainable.function_trainable import wrap_function
 
 from detsweep.checkpoints import checkpoint_uri, read_step
 from detsweep.cluster import remove_run_folders
 from detsweep.config import TrialConfig, validate
 from detsweep.config.loader import get_path, plain, set_path
 from detsweep.errors import DetsweepError
-from detsweep.evaluation.pictures import without_pictures
 from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialIdentity, TrialRun
 
-from .channel import RunChannel
+from .channel import Report, RunChannel
 from .request import TrainingRequest
 from .trainer import ProgressLines, stream_training
 
@@ -72,46 +80,42 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     name = f"{runs}{started}"
     metric = tune_config["search"]["metric"]
 
-    def to_tune(metrics: dict, checkpoint) -> None:
-        if metric in metrics:  # the evaluations: what schedulers and searchers decide on
+    def to_tune(report: Report) -> None:
+        if metric in report.metrics:  # the evaluations: what schedulers and searchers decide on
             # Tune's own class, on the same filesystem: a checkpoint in a bucket stays there.
+            checkpoint = report.checkpoint
             reported = ray.tune.Checkpoint(checkpoint.path, checkpoint.filesystem) if checkpoint else None
-            ray.tune.report(metrics, checkpoint=reported)
+            ray.tune.report(report.metrics, checkpoint=reported)
 
     request = TrainingRequest(config, name, tune_config.get("storage"), checkpoint_uri(restore) if restore else None,
                               pictures=True, system_metrics=True, startup=startup)
+    end = TrialEnd(run, tune_config.get("storage"), runs)
     try:
         reason = train_and_log(request, run, to_tune)
-    except BaseException:  # stopped by the scheduler or the sweep's end: the driver ends the run
-        run.close()
+    except BaseException:  # Tune stopped it at a report (SystemExit there), or training broke
+        end()
         raise
-    finally:
-        # Tune copied every checkpoint it was handed into the trial's folder, and a trial that
-        # starts again (PBT, a resumed sweep) starts a new Ray Train run from one of those: the
-        # trial's runs would only pile up in the storage, one a start. A trial stopped by its
-        # process's end gets here only on its next start, or at the sweep's end (``finish``).
-        remove_run_folders(tune_config.get("storage"), runs)
-    run.finish(error=reason)
+    end(reason, finished=True)
     if reason:
         raise TrialFailed(reason)
 
 
-def train_and_log(request: TrainingRequest, run: TrialRun, on_report: Callable[[dict, Any], None],
+def train_and_log(request: TrainingRequest, run: TrialRun, on_report: Callable[[Report], None],
                   progress: bool = False) -> str | None:
-    """Train as ``request`` asks through Ray Train; every report goes to ``run`` (MLflow), to
-    this process's console when ``progress``, then, without its pictures, to ``on_report``; a
-    step trained again after a restart, and failed workers, are noted on ``run``. The workers
-    start while ``run`` opens, and (``request.system_metrics``) log their nodes' system metrics
-    to it once it is open. Returns why training failed, or None."""
+    """Train as ``request`` asks through Ray Train; every report goes to ``run`` (MLflow: its
+    metrics, checkpoint and pictures), to this process's console when ``progress``, then to
+    ``on_report``; a step trained again after a restart, and failed workers, are noted on
+    ``run``. The workers start while ``run`` opens, and (``request.system_metrics``) log their
+    nodes' system metrics to it once it is open. Returns why training failed, or None."""
     channel = RunChannel()
     run.when_open(lambda target: channel.publish("system_metrics", target))
     lines = ProgressLines(request.config.train.num_steps) if progress else None
 
-    def log(metrics: dict, checkpoint) -> None:
-        run.log_report(metrics, checkpoint)
+    def log(report: Report) -> None:
+        run.log_report(report.metrics, report.checkpoint, report.pictures)
         if lines:
-            lines(metrics, checkpoint)
-        on_report(without_pictures(metrics), checkpoint)
+            lines(report)
+        on_report(report)
 
     return stream_training(request, log, notes=run, channel=channel)
 
@@ -126,6 +130,62 @@ def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) ->
     trial = TrialIdentity(context.get_trial_id(), context.get_trial_name(), swept_values(tune_config, search["swept"]),
                           search["metric"], search["mode"])
     return TrialRun(RunLink(**tune_config["tracking"]), trial, config, start_step)
+
+
+# How long a trial that Tune stops may take to write what it reported (its last checkpoint,
+# above all) before Tune ends its process; the writer retries a server that is away every 10 s.
+STOP_GRACE_S = 60.0
+
+
+class TrialEnd:
+    """What a trial leaves however it ends, done once: its MLflow run closed with every write
+    done (or listed on it as lost), and its Ray Train runs' folders deleted. The trial's own
+    thread ends it when training returns or breaks, Tune's stop when Tune stops the trial
+    (:func:`ending_on_stop`)."""
+
+    current: TrialEnd | None = None  # this process's trial: Tune runs one trial per process
+
+    def __init__(self, run: TrialRun, storage: str | None, runs: str):
+        self.run, self.storage, self.runs = run, storage, runs
+        self.lock = threading.Lock()  # a second caller waits until the first is done
+        self.ended = False
+        TrialEnd.current = self
+
+    def __call__(self, error: str | None = None, finished: bool = False) -> None:
+        """``finished``: training ended on its own (FINISHED, or FAILED with ``error``);
+        otherwise the run stays as it is for the sweep's driver to end (a stopped or paused trial)."""
+        with self.lock:
+            if self.ended:
+                return
+            self.ended = True
+            if finished:
+                self.run.finish(error=error)
+            else:
+                self.run.close(STOP_GRACE_S)
+            # Tune copied every checkpoint it was handed into the trial's folder, and a trial that
+            # starts again (PBT, a resumed sweep) starts a new Ray Train run from one of those: the
+            # trial's runs would only pile up in the storage, one a start.
+            remove_run_folders(self.storage, self.runs)
+
+
+def ending_on_stop(function: Callable[[dict[str, Any]], None]) -> type:
+    """``function`` as Tune's trainable, whose :class:`TrialEnd` runs before Tune ends its
+    process. Tune stops a trial (a scheduler's STOP or PAUSE, a PBT exploit, the sweep's end or
+    time budget) with ``stop``, which releases the trial's thread at its report (SystemExit
+    there) and returns; Tune then ends the process, threads and all. Ending the trial in
+    ``stop`` first gives the trial's own writer the time to upload what it reported: nobody
+    else uploads its checkpoints. ``function`` may carry its resources (``tune.with_resources``)."""
+
+    class Trial(wrap_function(function)):  # with ``function``'s resources (``tune.with_resources``)
+        def cleanup(self) -> None:
+            try:
+                super().cleanup()
+            finally:
+                if TrialEnd.current is not None:
+                    TrialEnd.current()
+
+    Trial.__qualname__ = "Trial"  # the class Ray lists a trial's actor by
+    return Trial
 
 
 class TrialFailed(RuntimeError):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import threading
@@ -20,8 +19,8 @@ from .request import TrainingRequest
 
 def quiet_info_logging() -> None:
     """Warnings and errors only from this worker's loggers: Ray Train sets the root logger at INFO,
-    and logs every report there in full (a picture's base64 included); our progress lines already
-    say what matters, and detsweep's own workers log nothing below a warning."""
+    and logs every report there in full; our progress lines already say what matters, and
+    detsweep's own workers log nothing below a warning."""
     logging.getLogger().setLevel(logging.WARNING)
 
 
@@ -34,15 +33,13 @@ def fine_tune_source(config: TrialConfig) -> contextlib.AbstractContextManager[P
     return local_copy(config.train.fine_tune.checkpoint, resolve_backend(config.tracking).uri)
 
 
-def first_report_extras(startup: StartupClock, config: TrialConfig, schedule_picture: bool) -> dict:
-    """Where start-up time went; with ``schedule_picture`` (for MLflow), the schedule's picture."""
-    extras: dict = startup.metrics()
-    if schedule_picture:
-        from detsweep.evaluation.pictures import SCHEDULE_PICTURE_KEY
-        from detsweep.optim.report import schedule_png
+def schedule_picture(config: TrialConfig) -> dict[str, bytes]:
+    """The learning-rate schedule's picture, for the run's first report: drawn here, where
+    TensorFlow is loaded already (the run's owner has none)."""
+    from detsweep.evaluation.pictures import SCHEDULE_FILE
+    from detsweep.optim.report import schedule_png
 
-        extras[SCHEDULE_PICTURE_KEY] = base64.b64encode(schedule_png(config)).decode("ascii")
-    return extras
+    return {SCHEDULE_FILE: schedule_png(config)}
 
 
 class NodeMonitor:
@@ -107,14 +104,18 @@ def train_loop_per_worker(loop_config: dict) -> None:
     monitors = request.system_metrics and ray.train.get_context().get_local_rank() == 0
     monitor: NodeMonitor | None = None
 
-    def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone) -> None:
-        nonlocal monitor
+    schedule_due = request.pictures  # its picture goes with the first loop, drawn after it
+
+    def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone, pictures: dict[str, bytes]) -> None:
+        nonlocal monitor, schedule_due
         if monitors and monitor is None:  # after the first loop: see NodeMonitor
             monitor = NodeMonitor(channel)
         elsewhere = milestone is Milestone.EVALUATE
         if sender:
+            if schedule_due:
+                pictures, schedule_due = pictures | schedule_picture(config), False
             sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone is not Milestone.NONE, time.time(),
-                                    evaluated_elsewhere=elsewhere))
+                                    evaluated_elsewhere=elsewhere, pictures=pictures))
         if milestone is Milestone.NONE:
             return
         if sender:  # every loop before this checkpoint is delivered: a restart from it loses none
@@ -133,8 +134,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
             context = WorkerContext(rank=rank, restore_from=restore_from, pictures=request.pictures,
                                     startup=startup, fine_tune_from=fine_tune_from)
-            run_training(config, with_first_report_extras(report, lambda: first_report_extras(
-                startup, config, schedule_picture=request.pictures and rank == 0)), context)
+            run_training(config, with_first_report_extras(report, startup.metrics), context)
     except TrainingDiverged as diverged:
         # Not a fault for Ray Train to restart the workers from (max_failures): from their last
         # checkpoint the same steps diverge again. Every worker ends here, at the same step (the
