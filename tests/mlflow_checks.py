@@ -60,7 +60,7 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
         if trial["metrics"].get("step"):  # it ran: Tune timed it
             held = run.data.metrics["cost/cpu_hours"]
             assert held == pytest.approx(trial["cost"]["cost/cpu_hours"]) and 0 < held < 1, (held, trial["cost"])
-        assert run.data.metrics["cost/gpu_hours"] == 0.0  # no GPU here
+        assert run.data.metrics["cost/gpu_hours"] == 0.0  # no test sweep's trial asks for a GPU
         contexts = {i.tags[0].value for i in run.inputs.dataset_inputs}  # the runs table's Dataset column
         assert contexts == {"training", "validation"}, (trial["trial_id"], contexts)
         # MLflow's, from the node its worker ran on: its monitor starts after the first loop (off the

@@ -185,12 +185,19 @@ def test_system_metrics_of_a_node_go_to_a_run_another_process_opened_and_leave_i
 # --- Ray ------------------------------------------------------------------------------------------
 
 def test_ray_trains_settings_are_the_users_where_set_and_the_preemption_watcher_only_off_on_one_machine(monkeypatch):
-    from detsweep.adapters.ray import POLL_INTERVAL, PREEMPTION_WATCHER, START_TIMEOUT, train_environment
+    from detsweep.adapters.ray import (
+        HIDE_GPUS_ON_ZERO,
+        POLL_INTERVAL,
+        PREEMPTION_WATCHER,
+        START_TIMEOUT,
+        train_environment,
+    )
 
     monkeypatch.setenv(START_TIMEOUT, "99")
     local, cluster = train_environment(local=True), train_environment(local=False)
     assert local[START_TIMEOUT] == "99" and local[POLL_INTERVAL] == "0.5" and local[PREEMPTION_WATCHER] == "0"
     assert PREEMPTION_WATCHER not in cluster
+    assert local[HIDE_GPUS_ON_ZERO] == cluster[HIDE_GPUS_ON_ZERO] == "1"  # what it does: tests/test_gpu_resources.py
 
 
 RAY_TRAIN_PROBE = """
@@ -243,6 +250,9 @@ def test_ray_train_polls_fast_patches_no_print_waits_long_for_workers_and_starts
             constants.ENABLE_PRINT_PATCH_ENV_VAR, constants.ENABLE_PREEMPTION_WATCHER_ENV_VAR) == (
         adapter.POLL_INTERVAL, adapter.START_TIMEOUT, adapter.PRINT_PATCH, adapter.PREEMPTION_WATCHER)
     assert ray_constants.RAY_WORKER_NICENESS == adapter.WORKER_NICENESS
+    from ray._private import accelerators
+
+    assert accelerators.RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO_ENV_VAR == adapter.HIDE_GPUS_ON_ZERO
     env = {name: value for name, value in cli_environment().items() if not name.startswith("RAY_TRAIN_")}
     result = run_bounded([sys.executable, "-c", RAY_TRAIN_PROBE, str(tmp_path)], cwd=REPO, env=env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -3,6 +3,7 @@ table. This checks the scripts, not the figures (benchmarks are never timed test
 
 import json
 import math
+import os
 import re
 import sys
 
@@ -132,7 +133,9 @@ SPECIFIC = {"allocator": allocator, "early_stopping": early_stopping, "tracking_
 
 def test_the_gpu_benchmark_refuses_a_machine_without_gpus_in_one_line(tmp_path):
     out = tmp_path / "results.json"
-    result = run_bounded([sys.executable, "-m", "bench.scaling", "--gpu", "--out", str(out)], cwd=REPO, timeout=120)
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # none visible: so on a machine with GPUs too
+    result = run_bounded([sys.executable, "-m", "bench.scaling", "--gpu", "--out", str(out)], cwd=REPO, timeout=120,
+                         env=no_gpu)
     said = [line for line in result.stderr.splitlines() if line.startswith("bench.scaling")]
     assert result.returncode == 2 and said == ["bench.scaling --gpu: found no GPU (TensorFlow sees CPU:0), expected a "
                                                "machine with GPUs (--smoke runs it on two logical CPU devices)"], \

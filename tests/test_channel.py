@@ -216,6 +216,26 @@ def test_a_training_that_failed_passes_on_every_step_before_it_then_ends_with_it
     assert passed == [(1, "loop", None), (2, "ray", "ckpt")]
 
 
+def test_a_worker_whose_devices_are_not_as_sized_ends_the_run_at_once_whatever_ray_train_does_next():
+    """Said before any loop, by any worker: the merge raises without waiting for Ray Train's
+    restarts (which would find the same devices) or for the run's end."""
+    arrived, raised = queue.Queue(), []
+    for item in [TrainingFailed("scaling: found 1 replica(s) in step on node-2", at_start=True),
+                 WorkersFailed("the worker raised"), loop(1)]:
+        arrived.put(item)
+
+    def merge() -> None:
+        try:
+            list(in_step_order(arrived))
+        except RunError as error:
+            raised.append(str(error))
+
+    reader = threading.Thread(target=merge, daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    assert raised == ["scaling: found 1 replica(s) in step on node-2"]
+
+
 def test_a_restart_after_rank_0_said_why_it_failed_gets_a_say_of_its_own():
     # Rank 0 diverged, then a worker died before the run ended: Ray Train restarts the group
     # from its checkpoint, and this time it trains to the end.

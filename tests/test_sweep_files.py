@@ -302,6 +302,8 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     import yaml
     from ray.autoscaler._private.util import prepare_config, validate_config
 
+    from detsweep.adapters.ray import HIDE_GPUS_ON_ZERO
+
     config = yaml.safe_load(CLUSTER_FILE.read_text())
     validate_config(prepare_config(config))  # what `ray up` checks, with its defaults filled in
     assert config["provider"]["type"] == "aws"
@@ -324,6 +326,8 @@ def test_ray_cluster_file_is_a_valid_launcher_config_that_keeps_ports_private():
     assert head["head"] and not worker["head"]
     assert ipaddress.ip_address(head["dashboard_host"]).is_loopback, head["dashboard_host"]
     assert head_env["RAY_AUTH_MODE"] == worker_env["RAY_AUTH_MODE"] == "token"
+    # a process that asked for no GPU sees none on every node, whoever started it (test_gpu_resources.py)
+    assert head_env[HIDE_GPUS_ON_ZERO] == worker_env[HIDE_GPUS_ON_ZERO] == "1"
     assert ["--env", "RAY_AUTH_MODE=token"] in [shlex.split(option) for option in config["docker"]["run_options"]]
     head = " ".join(config["head_start_ray_commands"])
     # MLflow behind basic auth over HTTPS, started by the repository's script (tests/mlflow_checks.py
@@ -393,7 +397,7 @@ def simple_commands(command: str) -> list[list[str]]:
 
 
 def test_a_gpu_worker_node_installs_tensorflows_cuda_libraries_and_fails_its_start_where_tensorflow_sees_no_gpu():
-    """The GPU node type's own setup, run here (this machine has no GPU): the install is the lock's
+    """The GPU node type's own setup, run here with no GPU visible: the install is the lock's
     GPU view (this TensorFlow, its CUDA libraries), and the check exits 1 with one line saying what
     TensorFlow saw; a failing setup command fails the node."""
     import os
@@ -407,7 +411,8 @@ def test_a_gpu_worker_node_installs_tensorflows_cuda_libraries_and_fails_its_sta
     assert install == "pip install --quiet --no-deps -r /home/ray/detsweep/cluster/requirements-gpu.txt"
     pins = (REPO / "cluster" / "requirements-gpu.txt").read_text()
     assert f"\ntensorflow=={version('tensorflow')} " in pins and "\nnvidia-cudnn-cu12==" in pins
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    # no GPU visible, as on a GPU node whose TensorFlow sees none: so on a machine with GPUs too
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""}
     checked = run_bounded(["bash", "-c", check], env=env, timeout=120, cwd=REPO)
     said = [line for line in checked.stderr.splitlines() if line.startswith("detsweep:")]
     assert checked.returncode == 1 and len(said) == 1, checked.stderr[-2000:]

@@ -20,7 +20,7 @@ from .conftest import REPO
 def test_no_retracing_between_loops_after_evaluation_or_for_a_shorter_last_loop():
     config = load_trial_config(REPO / "configs" / "quickstart.yaml",
                                ["data.train.num_images=16", "data.val.num_images=8"])
-    strategy = strategy_module.make_strategy(config.scaling)
+    strategy = strategy_module.make_strategy(config.scaling, [])
     assert strategy is tf.distribute.get_strategy()  # one CPU worker: no all-reduce, no device copies
     train_set = load_dataset(config.data.train, verify=False)
     val_set = load_dataset(config.data.val, verify=False)
@@ -105,7 +105,99 @@ def test_each_worker_plans_its_strategy_over_every_device_of_a_given_device_list
     assert plan_strategy(ScalingConfig(use_gpu=True), gpus[:1]) == StrategyPlan(Kind.ONE_GPU, ("/device:GPU:0",))
     assert plan_strategy(ScalingConfig(), []) == StrategyPlan(Kind.DEFAULT)
     assert plan_strategy(ScalingConfig(use_tpu=True), []).kind is Kind.TPU
+    # a CPU trial on a GPU node trains on its CPU: the GPUs it sees are another trial's
+    assert plan_strategy(ScalingConfig(), gpus) == StrategyPlan(Kind.DEFAULT)
+    assert plan_strategy(ScalingConfig(num_workers=2), gpus) == StrategyPlan(Kind.MULTI_WORKER, (), "RING")
     assert (two_by_two.replicas, one_by_two.replicas, ScalingConfig(use_gpu=True, gpus_per_worker=0.5).replicas) == (4, 2, 1)
+
+
+TWO_DEVICES_SCRIPT = r"""
+import json, sys
+from detsweep.config import ScalingConfig, load_trial_config
+from detsweep.data import load_dataset
+from detsweep.data.pipeline import training_dataset
+from detsweep.data.processing import InputSpec
+from detsweep.train.checkpoint import build_training_state
+from detsweep.train.step import make_train_loop
+from detsweep.train.strategy import DevicesNotAsSized, make_strategy
+
+two = ["/device:CPU:0", "/device:CPU:1"]  # two logical CPU devices stand in for a worker's two GPUs
+found = {"built": {}}
+for name, scaling, devices in [("two of two", ScalingConfig(use_gpu=True, gpus_per_worker=2), two),
+                               ("one of two", ScalingConfig(use_gpu=True, gpus_per_worker=2), two[:1]),
+                               ("two of one", ScalingConfig(use_gpu=True, gpus_per_worker=1), two),
+                               ("cpu trial", ScalingConfig(), two)]:
+    try:
+        strategy = make_strategy(scaling, devices)
+        on = strategy.extended.worker_devices if strategy.num_replicas_in_sync > 1 else ()
+        found["built"][name] = [type(strategy).__name__, strategy.num_replicas_in_sync, [d.rsplit("/", 1)[1] for d in on]]
+    except DevicesNotAsSized as error:
+        found["built"][name] = str(error)
+
+# the step traced on the two-device strategy, every replica context's all-reduce spied on
+config = load_trial_config(sys.argv[1], sys.argv[2:])
+strategy = make_strategy(ScalingConfig(use_gpu=True, gpus_per_worker=2), two)
+sizes = []  # how many tensors each replica's all-reduce carries
+all_reduce = tf.distribute.ReplicaContext.all_reduce
+
+
+def counted(self, reduce_op, value, options=None):
+    sizes.append(len(tf.nest.flatten(value)))
+    return all_reduce(self, reduce_op, value, options)
+
+
+tf.distribute.ReplicaContext.all_reduce = counted  # Keras's calls included
+with strategy.scope():
+    state, losses = build_training_state(config, 3)
+train_set = load_dataset(config.data.train, verify=False)
+batch = next(iter(training_dataset(train_set, InputSpec(config.model.image_size), config.data.augmentation, 8, seed=0)))
+batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch).repeat()))
+loop = make_train_loop(strategy, state.model, losses, state.optimizer, state.moving_average, state.step)
+loop.get_concrete_function(batches, tf.constant(1))  # traced, not run: NCCL has no CPU kernel
+found["traced"] = {"replicas": strategy.num_replicas_in_sync, "variables": len(state.model.trainable_variables),
+                   "sizes": sizes}
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def two_devices() -> dict:
+    """One process whose CPU is two logical devices (a worker's two GPUs): the strategies
+    ``make_strategy`` builds on device lists, and the all-reduces of a traced step."""
+    from .conftest import run_on_two_cpu_devices
+
+    return run_on_two_cpu_devices(TWO_DEVICES_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), timeout=300)
+
+
+def test_make_strategy_builds_the_planned_strategy_and_refuses_fewer_or_more_replicas_than_sized(two_devices):
+    """The real strategies over given devices: a worker sized for two GPUs that can use one, or
+    sized for one and handed two, fails at its start with one line naming the node, what
+    TensorFlow listed and what was expected; a CPU trial trains on the CPU whatever it is handed."""
+    import socket
+
+    built, host = two_devices["built"], socket.gethostname()
+    assert built["two of two"] == ["MirroredStrategy", 2, ["device:CPU:0", "device:CPU:1"]], built
+    assert built["one of two"] == (f"scaling: found 1 replica(s) in step on {host} (TensorFlow lists /device:CPU:0), "
+                                   "expected 2: 1 worker(s) x 2 GPU(s) each, as train.batch_size was split for")
+    assert built["two of one"].startswith(f"scaling: found 2 replica(s) in step on {host} (TensorFlow lists "
+                                          "/device:CPU:0, /device:CPU:1), expected 1: "), built
+    assert built["cpu trial"] == ["_DefaultDistributionStrategy", 1, []], built
+
+
+def test_each_step_all_reduces_its_gradients_twice_spied_on_two_logical_devices(two_devices):
+    """``make_strategy``'s MirroredStrategy on two logical devices: as the step is traced, each
+    replica all-reduces the positive anchors' count (one scalar) once and the gradients (one
+    tensor per trainable variable) twice: once in the step, so that clipping and the loss scale
+    see the global gradient, and once more in Keras's optimizer, which needs a replica context
+    to apply them (Keras 3.15: from the cross-replica context, where it would not all-reduce,
+    its update fails under every strategy that uses merge_call, and its LossScaleOptimizer
+    refuses to run). The spy counts calls to TensorFlow's public ``ReplicaContext.all_reduce``
+    and passes each on."""
+    traced = two_devices["traced"]
+    replicas, variables = traced["replicas"], traced["variables"]
+    gradients = [size for size in traced["sizes"] if size > 1]
+    assert replicas == 2 and gradients == [variables] * 2 * replicas, traced  # twice per replica
+    assert sorted(traced["sizes"]) == sorted([1] * replicas + gradients), traced  # and the positives' count
 
 
 def test_use_tpu_builds_a_tpu_strategy_mocked_tpu_resolver(monkeypatch):
@@ -119,7 +211,7 @@ def test_use_tpu_builds_a_tpu_strategy_mocked_tpu_resolver(monkeypatch):
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: calls.append(("connect", r)))
     monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: calls.append(("init", r)))
     monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda r: ("TPUStrategy", r))
-    kind, resolver = strategy_module.make_strategy(ScalingConfig(use_tpu=True))
+    kind, resolver = strategy_module.make_strategy(ScalingConfig(use_tpu=True), [])
     assert kind == "TPUStrategy" and isinstance(resolver, FakeResolver)
     assert [name for name, _ in calls] == ["connect", "init"]
 
@@ -240,7 +332,7 @@ from detsweep.train.strategy import make_strategy
 
 config = load_trial_config(sys.argv[1], sys.argv[2:])
 # detsweep's own multi-worker strategy (ring all-reduce on CPUs), made before any other op
-multi_worker = make_strategy(config.scaling.model_copy(update={"num_workers": 2})) if workers else None
+multi_worker = make_strategy(config.scaling.model_copy(update={"num_workers": 2}), []) if workers else None
 keras.mixed_precision.set_global_policy(config.train.mixed_precision)
 train_set = load_dataset(config.data.train, verify=False)
 batch = next(iter(training_dataset(train_set, InputSpec(config.model.image_size), config.data.augmentation, 4, seed=0)))

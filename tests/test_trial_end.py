@@ -15,7 +15,8 @@ def test_a_trial_tune_stops_at_a_report_has_written_what_it_reported_when_tune_i
     """Tune stops the trial at its first report (``stop``), while its MLflow writer is 3 s behind
     (a slow server). Tune's stop ends the trial first (``TrialEnd``): when ``fit()`` returns, the
     checkpoint of that report is READY in MLflow, uploaded by the trial's own process (nobody
-    else uploads one), and the trial's Ray Train runs are deleted; what is not the trial's stays."""
+    else uploads one). Its Ray Train runs are left for its next start or the sweep's end: Tune
+    waits for a stopping trial, and so do the trials waiting for its resources."""
     from mlflow import MlflowClient
     from ray import tune
 
@@ -62,4 +63,5 @@ def test_a_trial_tune_stops_at_a_report_has_written_what_it_reported_when_tune_i
     [run] = client.search_runs([link.experiment_id], filter_string="tags.`detsweep.trial_id` = 't1'")
     models = checkpoints(client, [link.experiment_id], run.info.run_id, ready=False)
     assert [(step_of(m), str(m.status)) for m in models] == [(10, "READY")]
-    assert sorted(path.name for path in train_runs.iterdir()) == ["other-train-t2-1"]
+    assert sorted(path.name for path in train_runs.iterdir()) == ["other-train-t2-1", "stopped-train-t1-1",
+                                                                  "stopped-train-t1-2"]

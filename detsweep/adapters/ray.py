@@ -15,7 +15,7 @@ import functools
 import os
 from pathlib import Path
 
-__all__ = ["HEAD_NODE_RESOURCE", "POLL_INTERVAL", "bohb_budget", "creation_order", "result_files",
+__all__ = ["HEAD_NODE_RESOURCE", "HIDE_GPUS_ON_ZERO", "POLL_INTERVAL", "bohb_budget", "creation_order", "result_files",
            "save_stopped_trial", "train_environment"]
 
 # Ray's own resource of the head node (every Ray cluster has it, 1 unit): a task asking a
@@ -31,6 +31,11 @@ PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # an actor per run t
 # The niceness each Ray worker process gives itself as it starts (Ray's config ``worker_niceness``,
 # 15 by default; Ray Jobs set 0 for their drivers the same way, ``job_manager.py``).
 WORKER_NICENESS = "RAY_worker_niceness"
+# Ray sets CUDA_VISIBLE_DEVICES for a process that holds GPUs; since Ray 2.4x it leaves the
+# variable alone for one that asked for none unless this is 1 (``ray/_private/utils.py``,
+# ``set_visible_accelerator_ids``): a CPU trial's worker or evaluator on a GPU node would see
+# every GPU of the node, those Ray gave other trials included.
+HIDE_GPUS_ON_ZERO = "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"
 
 
 def train_environment(local: bool) -> dict[str, str]:
@@ -52,6 +57,8 @@ def train_environment(local: bool) -> dict[str, str]:
         # `detsweep train` beside two busy processes had not finished its first loop after 8
         # minutes); at 0 it shares the cores as any program does, as Ray's own daemons do.
         WORKER_NICENESS: "0",
+        # A process that asked for no GPU sees none (CUDA_VISIBLE_DEVICES empty): only Ray's.
+        HIDE_GPUS_ON_ZERO: "1",
     }
     if local:  # nothing to preempt on one machine: one process less per trial start
         ours[PREEMPTION_WATCHER] = "0"

@@ -1,7 +1,7 @@
 """The training of one trial on one worker: strategy, train step, evaluation, checkpoints."""
 
 from .loop import Milestone, Reporter, TrainingDiverged, WorkerContext, run_training, with_first_report_extras
-from .strategy import NoGPUVisible
+from .strategy import DevicesNotAsSized, NoGPUVisible
 
-__all__ = ["Milestone", "NoGPUVisible", "Reporter", "TrainingDiverged", "WorkerContext", "run_training",
+__all__ = ["DevicesNotAsSized", "Milestone", "NoGPUVisible", "Reporter", "TrainingDiverged", "WorkerContext", "run_training",
            "with_first_report_extras"]

@@ -23,7 +23,7 @@ from detsweep.startup import StartupClock
 from .checkpoint import TrainingState, build_training_state, weights_fingerprint
 from .evaluate import Evaluator, is_due
 from .step import make_train_loop
-from .strategy import make_strategy, use_worker_devices
+from .strategy import make_strategy, use_worker_devices, visible_gpus
 from .warm_start import restore_what_fits
 
 
@@ -61,7 +61,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     train, startup = config.train, context.startup
     # --- workers, data, model ---------------------------------------------------------
     use_worker_devices(config.scaling)  # first: TensorFlow's runtime must not have started
-    strategy = make_strategy(config.scaling)  # several workers: waits for all of them
+    strategy = make_strategy(config.scaling, visible_gpus())  # several workers: waits for all of them
     startup.mark("strategy")
     keras.mixed_precision.set_global_policy(train.mixed_precision)
     keras.utils.set_random_seed(train.seed)

@@ -28,7 +28,9 @@ process that owns the MLflow run (the trial's, or ``detsweep train``'s driver) t
   workers from their last checkpoint (``scaling.max_failures``), where the same steps would
   diverge again. Rank 0 sends the reason after its last loop (:class:`TrainingFailed`), and the
   merge raises it once every step before it was passed on; so it does the reason
-  ``trainer.fit()`` raised, which ends the run (:class:`RunEnded`).
+  ``trainer.fit()`` raised, which ends the run (:class:`RunEnded`). A worker whose devices are
+  not what the trial was sized for says so before its first loop (``at_start``), and the merge
+  raises at once: Ray Train's restarts would find the same devices.
 
 Six kinds of message in all: a loop, Ray Train's report, an evaluation (or its failure),
 failed workers, a failed training, the end.
@@ -157,9 +159,12 @@ class Evaluation:
 
 @dataclass(frozen=True)
 class TrainingFailed:
-    """From rank 0, after its last loop: training ended for a reason a restart would not mend."""
+    """From rank 0, after its last loop: training ended for a reason a restart would not mend.
+    ``at_start``: from any worker, before its first loop (its devices are not what the trial
+    was sized for): the run ends at once, before Ray Train restarts the group to no avail."""
 
     reason: str
+    at_start: bool = False
 
 
 class RunError(RuntimeError):
@@ -283,6 +288,8 @@ def in_step_order(reports: RunChannel | local.Queue, settled: Callable[[int], No
         item = reports.get()
         if isinstance(item, RunEnded):
             ended = item
+        elif isinstance(item, TrainingFailed) and item.at_start:
+            raise RunError(item.reason)
         elif isinstance(item, TrainingFailed):
             failed = item.reason
         elif isinstance(item, WorkersFailed):  # a restarted group sends its own reason if it fails again

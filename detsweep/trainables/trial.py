@@ -139,9 +139,9 @@ STOP_GRACE_S = 60.0
 
 class TrialEnd:
     """What a trial leaves however it ends, done once: its MLflow run closed with every write
-    done (or listed on it as lost), and its Ray Train runs' folders deleted. The trial's own
-    thread ends it when training returns or breaks, Tune's stop when Tune stops the trial
-    (:func:`ending_on_stop`)."""
+    done (or listed on it as lost), and, when its training ended, its Ray Train runs' folders
+    deleted. The trial's own thread ends it when training returns or breaks, Tune's stop when
+    Tune stops the trial (:func:`ending_on_stop`)."""
 
     current: TrialEnd | None = None  # this process's trial: Tune runs one trial per process
 
@@ -153,18 +153,20 @@ class TrialEnd:
 
     def __call__(self, error: str | None = None, finished: bool = False) -> None:
         """``finished``: training ended on its own (FINISHED, or FAILED with ``error``);
-        otherwise the run stays as it is for the sweep's driver to end (a stopped or paused trial)."""
+        otherwise the run stays as it is for the sweep's driver to end, and the trial's Ray Train
+        runs for its next start or the sweep's end to delete (a stopped or paused trial)."""
         with self.lock:
             if self.ended:
                 return
             self.ended = True
-            if finished:
-                self.run.finish(error=error)
-            else:
+            if not finished:  # stopped: Tune waits here, so only for what must not be lost
                 self.run.close(STOP_GRACE_S)
+                return
+            self.run.finish(error=error)
             # Tune copied every checkpoint it was handed into the trial's folder, and a trial that
             # starts again (PBT, a resumed sweep) starts a new Ray Train run from one of those: the
-            # trial's runs would only pile up in the storage, one a start.
+            # trial's runs would only pile up in the storage, one a start. A stopped trial's go at
+            # its next start's end, or at the sweep's (``sweeps/launch.py:finish``).
             remove_run_folders(self.storage, self.runs)
 
 

@@ -88,8 +88,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     startup = request.startup if not latest else StartupClock()
     startup.mark("workers")
     from detsweep.train import (  # TensorFlow loads here only
+        DevicesNotAsSized,
         Milestone,
-        NoGPUVisible,
         TrainingDiverged,
         WorkerContext,
         run_training,
@@ -141,12 +141,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
         # loss is all-reduced), and the run ends with the reason.
         if sender:
             sender.send(TrainingFailed(str(diverged)))
-    except NoGPUVisible as missing:
-        # The same at every restart. A worker alone ends its run with the reason; one of several
-        # raises: another may be waiting for it at the strategy, and Ray Train ends the group.
-        if config.scaling.num_workers > 1 or not sender:
-            raise
-        sender.send(TrainingFailed(str(missing)))
+    except DevicesNotAsSized as wrong:
+        # The same at every restart, so not a failure for Ray Train to restart the group from
+        # (max_failures): whichever worker finds it tells the run's owner, which ends the run
+        # at once (a worker still waiting for this one at the strategy ends with it).
+        channel.put(TrainingFailed(str(wrong), at_start=True))
     finally:
         if sender:  # a failed training's loops, too, reach the run before its error does
             sender.flush()
