@@ -32,7 +32,7 @@ SETTINGS = ["data.train.num_images=16", "data.val=null", "train.num_steps=4", "t
 # worker, which the floor does alone (imports, strategy, data, model, first_loop).
 TRIAL_PHASES = ("mlflow", "trainer", "workers")
 WORKER_PHASES = ("imports", "strategy", "data", "model", "first_loop")
-TRIAL_CLASS = "Trial"  # the actor of a trial: detsweep.trainables.trial.ending_on_stop
+TRIAL_CLASS = "Trial"  # a trial's actor: detsweep.trainables.trial.TRIAL_ACTOR (no Ray import here)
 GOAL = 1.7
 
 

@@ -132,6 +132,8 @@ def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) ->
     return TrialRun(RunLink(**tune_config["tracking"]), trial, config, start_step)
 
 
+TRIAL_ACTOR = "Trial"  # the class name Ray lists a trial's actor by (ending_on_stop sets it)
+
 # How long a trial that Tune stops may take to write what it reported (its last checkpoint,
 # above all) before Tune ends its process; the writer retries a server that is away every 10 s.
 STOP_GRACE_S = 60.0
@@ -186,7 +188,7 @@ def ending_on_stop(function: Callable[[dict[str, Any]], None]) -> type:
                 if TrialEnd.current is not None:
                     TrialEnd.current()
 
-    Trial.__qualname__ = "Trial"  # the class Ray lists a trial's actor by
+    Trial.__qualname__ = TRIAL_ACTOR
     return Trial
 
 
