@@ -171,7 +171,33 @@ def render_figures(results: dict) -> str:
     return "\n".join([*lines, "", END])
 
 
+EXPORT_BEGIN = "<!-- export:begin (written by bench/run_all.py from bench/results.json) -->"
+EXPORT_END = "<!-- export:end -->"
+
+
+def render_export_table(results: dict) -> str:
+    """The raccoon model's exports (``int8_export``): AP with its spread, AP50, size, latency."""
+    entry = results.get("int8_export")
+    if entry is None:
+        return "\n".join([EXPORT_BEGIN, "not recorded", EXPORT_END])
+    lines = [EXPORT_BEGIN, "", "| model | AP (± bootstrap spread) | AP50 | size (MB) | latency (ms) |", "|---|---|---|---|---|"]
+    for name, ap, spread, ap50, size, latency, *_ in entry["rows"][1:]:
+        lines.append(f"| {name} | {ap:.3f} ± {spread:.3f} | {ap50:.3f} | {cell(size)} | {cell(latency)} |")
+    [target] = entry["targets"]
+    met = "met" if target["met"] else "**not met**"
+    lines += ["", f"int8 within one AP point of float: {met} (drop {target['measured']:.3f}). "
+              f"Recorded `int8_export`, {entry['date'][:10]}, {entry['settings']['steps']} steps at "
+              f"{entry['settings']['image_size']} px.", "", EXPORT_END]
+    return "\n".join(lines)
+
+
+def cell(value) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
 def rewrite(text: str, results: dict) -> str:
-    """``text`` (README) with its figures table rendered anew."""
+    """``text`` (README) with its figures table and its export table rendered anew."""
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    return text[:start] + render_figures(results) + text[end:]
+    text = text[:start] + render_figures(results) + text[end:]
+    start, end = text.index(EXPORT_BEGIN), text.index(EXPORT_END) + len(EXPORT_END)
+    return text[:start] + render_export_table(results) + text[end:]

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "startup": ["bench.startup"],
     "input_pipeline": ["bench.input_pipeline"],
     "zoo_retinanet": ["bench.zoo_retinanet"],
+    "int8_export": ["bench.int8_export"],
     "scaling": ["bench.scaling"],
     "scaling_gpu": ["bench.scaling", "--gpu"],
     "early_stopping": ["bench.early_stopping"],

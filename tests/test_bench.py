@@ -22,10 +22,15 @@ RECORDS = {"train_step": {"train_step", "train_step_loops", "train_step_split"},
            "tracking_load": {"tracking_load"}}
 
 
+# Benchmarks another test runs (and checks the record of) as its own fixture: not twice.
+RUN_BY = {"int8_export": "tests/test_int8_export.py"}
+
+
 def test_every_benchmark_has_a_smoke_test():
     from bench.run_all import BENCHMARKS
 
-    assert set(BENCHMARKS) == set(RECORDS)
+    assert set(BENCHMARKS) == set(RECORDS) | set(RUN_BY)
+    assert all((REPO / path).is_file() for path in RUN_BY.values())
 
 
 @pytest.mark.parametrize("benchmark", sorted(RECORDS))

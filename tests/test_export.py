@@ -24,6 +24,7 @@ from detsweep.evaluation import evaluate_detections
 from detsweep.evaluation.pictures import read_image
 from detsweep.export.commands import add_export_commands
 from detsweep.export.saved_model import SIGNATURE, export_saved_model
+from detsweep.export.serving_cost import tflite_runner
 from detsweep.train.checkpoint import CONFIG_FILE
 from detsweep.train.evaluate import Evaluator
 from detsweep.train.restore import load_trained_model
@@ -171,12 +172,12 @@ def test_the_tflite_model_runs_in_the_interpreter_and_detects_what_the_saved_mod
         checkpoint, saved_model, tmp_path, capsys):
     out = tmp_path / "tflite"
     source = f"checkpoint:{checkpoint}"
-    assert detsweep("export", "--from", source, "--format", "tflite", "--out", str(out), "--json") == 0
+    assert detsweep("export", "--from", source, "--format", "tflite", "--out", str(out), "--json", "--no-measure") == 0
     report = json.loads(capsys.readouterr().out)
     assert report == {"format": "tflite", "path": str(out), "source": source, "run_id": None, "moving_average": True}
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "detsweep.json", "model.tflite"]
     image = val_images(checkpoint, 1, (90, 70))
-    runner = tf.lite.Interpreter(model_path=str(out / "model.tflite")).get_signature_runner(SIGNATURE)
+    runner = tflite_runner((out / "model.tflite").read_bytes())  # LiteRT's
     found = runner(images=image)  # the runner resizes the input tensor to the image
     assert_same_detections(found, serving(saved_model)(image), atol=1e-3)
 
@@ -251,6 +252,17 @@ def test_an_export_from_an_mlflow_run_is_logged_to_that_run(checkpoint, tmp_path
     assert report["run_id"] == run_id and report["moving_average"] is False
     logged = {Path(a.path).name for a in client.list_artifacts(run_id, "export/saved_model")}
     assert {"saved_model.pb", "variables", "detsweep.json", "config.yaml"} <= logged
+
+    # a TFLite export's scores and costs, measured on the val set and in LiteRT, go to the run too
+    assert detsweep("export", "--from", f"run:{run_id}", "--format", "tflite", "--out", str(tmp_path / "tflite"),
+                    "--json") == 0
+    measured = json.loads(capsys.readouterr().out)["models"]
+    assert set(measured) == {"keras", "tflite"} and measured["tflite"]["AP"] == measured["keras"]["AP"] > 0
+    metrics = client.get_run(run_id).data.metrics
+    for model, name in (("keras", "AP"), ("tflite", "AP"), ("tflite", "AP_spread"), ("tflite", "latency_ms"),
+                        ("tflite", "size_mb"), ("keras", "params")):
+        assert metrics[f"export/{model}/{name}"] == pytest.approx(measured[model][name]), (model, name)
+    assert {Path(a.path).name for a in client.list_artifacts(run_id, "export/tflite")} >= {"model.tflite", "measured.json"}
 
 
 def test_export_refuses_a_folder_that_is_not_empty(checkpoint, tmp_path):

@@ -154,6 +154,7 @@ def test_a_detector_converts_to_tflite_with_builtin_ops_and_detects_what_keras_d
     from detsweep.config import ModelConfig
     from detsweep.data.processing import InputSpec, detect_pictures
     from detsweep.export.saved_model import SIGNATURE, DetectionModule
+    from detsweep.export.serving_cost import tflite_runner
     from detsweep.export.tflite import convert
     from detsweep.models import build_model
 
@@ -164,7 +165,7 @@ def test_a_detector_converts_to_tflite_with_builtin_ops_and_detects_what_keras_d
     model, _ = build_model(config, num_classes=3)
     module = DetectionModule(model, InputSpec.of(config), [1, 2, 3])
     tf.saved_model.save(module, str(tmp_path), signatures={SIGNATURE: module.serve})
-    runner = tf.lite.Interpreter(model_content=convert(tmp_path)).get_signature_runner(SIGNATURE)
+    runner = tflite_runner(convert(tmp_path))
     image = np.random.default_rng(0).integers(0, 256, (1, 48, 64, 3), dtype=np.uint8)
     found, expected = runner(images=image), detect_pictures(model, tf.constant(image), module.spec, [1, 2, 3])
     count = int(expected["num_detections"][0])

@@ -437,7 +437,7 @@ def test_a_cluster_address_where_nothing_answers_is_one_line_before_any_data_is_
 def test_a_usage_mistake_is_one_line_naming_the_command_and_its_help():
     result = run_cli("export", "--from", "/nope", "--format", "onnx", "--out", "x", timeout=60)
     assert result.returncode == 2 and result.stderr == (
-        "detsweep export: error: argument --format: invalid choice: 'onnx' (choose from 'saved_model', 'tflite') "
+        "detsweep export: error: argument --format: invalid choice: 'onnx' (choose from 'saved_model', 'tflite', 'tflite-fp16', 'tflite-int8') "
         "(see detsweep export --help)\n")
 
 

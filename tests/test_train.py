@@ -56,7 +56,7 @@ class Recorder:
 
 def test_loss_goes_down_and_every_loop_is_reported(tmp_path):
     recorder, clock = Recorder(tmp_path), StartupClock()
-    run_training(short_config(), with_first_report_extras(recorder, clock.metrics), WorkerContext(startup=clock))
+    run_training(short_config(), with_first_report_extras(recorder, lambda: (clock.metrics(), {})), WorkerContext(startup=clock))
     steps = [report["step"] for report in recorder.reports]
     assert steps == [10, 20, 30]
     assert recorder.reports[-1]["train/loss"] < 0.5 * recorder.reports[0]["train/loss"]

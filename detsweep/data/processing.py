@@ -9,6 +9,7 @@ xmax`` throughout.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -68,12 +69,29 @@ def pad_and_normalise(element: dict, spec: InputSpec) -> dict:
     return {**element, "image": image}
 
 
+def letterboxed(image: tf.Tensor, spec: InputSpec) -> tf.Tensor:
+    """A uint8 picture ``[h, w, 3]`` as the square uint8 picture the model's input is made of:
+    resized and padded as :func:`fit_to_input` and :func:`pad_and_normalise` do, not normalised.
+    Served as it is, the resize is the identity and there is nothing to pad."""
+    resized, _ = fit_to_input(image, spec)
+    square = tf.image.pad_to_bounding_box(resized, 0, 0, spec.image_size, spec.image_size)
+    return tf.cast(tf.round(tf.clip_by_value(square, 0.0, 255.0)), tf.uint8)
+
+
 # --- the model's output → detections in the original picture ------------------------------
+
+# The network's operations are named under this scope in every graph that calls it, so that an
+# int8 export can quantize them and keep the pictures' preparation and the decoding in float.
+NETWORK_SCOPE = "network"
+SCORE_FLOOR = "score_floor"  # the operation that raises class logits to the threshold's (served_predictions)
+
 
 def raw_predictions(model, images: tf.Tensor) -> dict[str, tf.Tensor]:
     """The heads' outputs on model-ready ``images``, in float32 (under mixed precision they are
     float16; keras-hub's box decoding and the losses want float32)."""
-    return {k: tf.cast(v, tf.float32) for k, v in model(images, training=False).items()}
+    with tf.name_scope(NETWORK_SCOPE):
+        outputs = model(images, training=False)
+    return {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
 
 
 def decoded_detections(model, images: tf.Tensor, predictions: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
@@ -116,6 +134,21 @@ def in_original_image(decoded: dict[str, tf.Tensor], scale: tf.Tensor, image_sha
     }
 
 
+def served_predictions(model, images: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The heads' outputs as serving decodes them: a class logit below the score threshold's
+    (by one) raised to it. The detections are the same (a score at or below the threshold is
+    neither kept nor suppresses another), but an int8 export's class logits get a range their
+    far-negative outliers no longer stretch: on the raccoon photos a few anchors' logits near
+    -900 made one int8 step 3.6 logits wide, and every score was lost."""
+    predictions = raw_predictions(model, images)
+    threshold = model.prediction_decoder.confidence_threshold
+    if not 0 < threshold < 1:
+        return predictions
+    with tf.name_scope(NETWORK_SCOPE):  # quantized with the network: the floor bounds its range
+        floor = math.log(threshold / (1 - threshold)) - 1.0
+        return {**predictions, "cls_logits": tf.maximum(predictions["cls_logits"], floor, name=SCORE_FLOOR)}
+
+
 def detect_pictures(model, images: tf.Tensor, spec: InputSpec, category_ids: list[int]) -> dict[str, tf.Tensor]:
     """uint8 pictures ``[b, height, width, 3]`` of one size → the OD API's outputs:
     ``detection_boxes`` normalised to the picture, ``detection_classes`` (category ids, int64),
@@ -123,7 +156,8 @@ def detect_pictures(model, images: tf.Tensor, spec: InputSpec, category_ids: lis
     resized, scale = fit_to_input(images, spec)
     batch = pad_and_normalise({"image": resized}, spec)["image"]
     image_shape = tf.shape(images)[1:3]
-    found = in_original_image(decoded_detections(model, batch), scale, image_shape, category_ids)
+    decoded = decoded_detections(model, batch, served_predictions(model, batch))
+    found = in_original_image(decoded, scale, image_shape, category_ids)
     size = tf.cast(tf.tile(image_shape, [2]), tf.float32)
     return {
         "detection_boxes": found["boxes"] / size,

@@ -56,3 +56,39 @@ def evaluate_detections(ground_truth: dict, detections: Iterable[dict]) -> dict[
     stats = dict(zip(METRIC_NAMES, evaluation.stats))
     # As in COCOeval, -1 means "no ground truth in this size range", not a score.
     return {name: float(stats[name]) for name in REPORTED}
+
+
+def resampled_scores(ground_truth: dict, detections: Iterable[dict], draws: np.ndarray) -> list[tuple[float, float]]:
+    """AP and AP50 on each resampling of the images: ``draws`` ``[n, images]`` holds positions
+    in ``ground_truth["images"]``, repeats allowed (a bootstrap). Each image is matched once,
+    as COCOeval matches images independently; each draw only accumulates its images' matches,
+    so a draw costs a few milliseconds, not an evaluation."""
+    detections = list(detections)
+    if not detections:
+        return [(0.0, 0.0)] * len(draws)
+    with contextlib.redirect_stdout(io.StringIO()):
+        truth = COCO()
+        truth.dataset = ground_truth
+        truth.createIndex()
+        evaluation = COCOeval(truth, truth.loadRes(detections), iouType="bbox")
+        evaluation.evaluate()
+        per_image = evaluation.evalImgs  # [category][area range][image], images in sorted id order
+        categories, areas = len(evaluation.params.catIds), len(evaluation.params.areaRng)
+        ids = evaluation.params.imgIds
+        position = {image_id: n for n, image_id in enumerate(ids)}
+        order = np.array([position[image["id"]] for image in ground_truth["images"]])
+        scores = []
+        for draw in draws:
+            picked = order[draw]
+            evaluation.evalImgs = [per_image[(k * areas + a) * len(ids) + i]
+                                   for k in range(categories) for a in range(areas) for i in picked]
+            evaluation.params.imgIds = evaluation._paramsEval.imgIds = list(range(len(picked)))
+            evaluation.accumulate()
+            precision = evaluation.eval["precision"][:, :, :, 0, -1]  # every area, 100 detections
+            scores.append((_mean_present(precision), _mean_present(precision[0])))
+    return scores
+
+
+def _mean_present(precision: np.ndarray) -> float:
+    present = precision[precision > -1]
+    return float(present.mean()) if present.size else -1.0

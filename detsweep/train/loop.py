@@ -123,15 +123,17 @@ def starting_state(strategy: tf.distribute.Strategy, config: TrialConfig, contex
     return state, losses, {}
 
 
-def with_first_report_extras(report: Reporter, extras: Callable[[], dict]) -> Reporter:
-    """``report``, with ``extras()`` added to its first call's metrics: what a caller wants
-    reported once, computed when the first loop is done (start-up phases, say)."""
+def with_first_report_extras(report: Reporter, extras: Callable[[], tuple[dict, dict[str, bytes]]]) -> Reporter:
+    """``report``, with the metrics and pictures ``extras()`` returns added to its first call:
+    what a caller wants reported once, made when the first loop is done (the start-up's phases,
+    the schedule's picture)."""
     pending = [extras]
 
     def reporting(metrics: dict[str, float], checkpoint_dir: Path | None, milestone: Milestone,
                   pictures: dict[str, bytes]) -> None:
         if pending:
-            metrics = metrics | pending.pop()()
+            more_metrics, more_pictures = pending.pop()()
+            metrics, pictures = metrics | more_metrics, pictures | more_pictures
         report(metrics, checkpoint_dir, milestone, pictures)
 
     return reporting

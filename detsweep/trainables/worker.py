@@ -104,16 +104,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
     monitors = request.system_metrics and ray.train.get_context().get_local_rank() == 0
     monitor: NodeMonitor | None = None
 
-    schedule_due = request.pictures  # its picture goes with the first loop, drawn after it
+    def first_report_extras() -> tuple[dict, dict[str, bytes]]:
+        """The start-up's phases, and the schedule's picture (drawn after the first loop)."""
+        return startup.metrics(), (schedule_picture(config) if request.pictures and sender else {})
 
     def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone, pictures: dict[str, bytes]) -> None:
-        nonlocal monitor, schedule_due
+        nonlocal monitor
         if monitors and monitor is None:  # after the first loop: see NodeMonitor
             monitor = NodeMonitor(channel)
         elsewhere = milestone is Milestone.EVALUATE
         if sender:
-            if schedule_due:
-                pictures, schedule_due = pictures | schedule_picture(config), False
             sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone is not Milestone.NONE, time.time(),
                                     evaluated_elsewhere=elsewhere, pictures=pictures))
         if milestone is Milestone.NONE:
@@ -134,7 +134,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
             context = WorkerContext(rank=rank, restore_from=restore_from, pictures=request.pictures,
                                     startup=startup, fine_tune_from=fine_tune_from)
-            run_training(config, with_first_report_extras(report, startup.metrics), context)
+            run_training(config, with_first_report_extras(report, first_report_extras), context)
     except TrainingDiverged as diverged:
         # Not a fault for Ray Train to restart the workers from (max_failures): from their last
         # checkpoint the same steps diverge again. Every worker ends here, at the same step (the
