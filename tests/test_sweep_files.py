@@ -177,6 +177,9 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
      "search.algorithm: found 'optuna', expected random or grid with scheduler pbt"),
     ("  scheduler: {type: pbt, perturbation_interval: 100}\n", [],
      "search.scheduler.mutations: found nothing, expected the paths PBT mutates"),
+    ("  scheduler:\n    type: pbt\n    perturbation_interval: 100\n    mutations: {model.head_conv_layers: {values: [0, 1]}}\n",
+     [], "search.scheduler.mutations.model.head_conv_layers: found 'a field of the architecture', expected "
+     "training settings only (PBT copies a donor's checkpoint, which fits only its own network)"),
     ("  scheduler:\n    type: pbt\n    perturbation_interval: 100\n" + MUTATIONS, ["base.train.checkpoint_every=0"],
      "base.train.checkpoint_every: found 0, expected checkpoints for PBT to copy"),
     ("  scheduler:\n    type: pbt\n    perturbation_interval: 100\n" + MUTATIONS,
@@ -454,3 +457,35 @@ def test_a_results_folder_this_machine_cannot_make_is_one_line_before_anything_s
     assert result.returncode == 2 and result.stderr.startswith("detsweep: error: --storage: found '/proc/detsweep', "
                                                                "expected a folder this machine can write")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # no MLflow, no log, nothing
+
+
+def test_validate_counts_the_grid_points_that_cannot_train_and_says_why_one_cannot(write):
+    """An architecture grid: image sizes against the deepest level. 96 and 160 px are no multiples
+    of 2 ** 6: two of the six points would fail at their trial's start, and validate says so first."""
+    path = sweep_file(write, "  algorithm: grid\n  space:\n    model.image_size: {grid: [96, 128, 160]}\n"
+                             "    model.max_level: {grid: [5, 6]}\n")
+    report = validation_report(load_sweep(path), this_machine(), strict=False)
+    assert report["grid_points"] == 6
+    assert report["grid_points_that_cannot_train"] == [
+        {"point": {"model.image_size": 96, "model.max_level": 6},
+         "reason": "model.image_size: found 96, expected a multiple of 64 (2 ** max_level)"},
+        {"point": {"model.image_size": 160, "model.max_level": 6},
+         "reason": "model.image_size: found 160, expected a multiple of 64 (2 ** max_level)"}]
+    result = run_cli("validate", path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert ("note: 2 of 6 grid points cannot train (their trials will fail at their start), e.g. model.image_size=96, "
+            "model.max_level=6: model.image_size: found 96, expected a multiple of 64 (2 ** max_level)") in result.stdout
+
+
+def test_a_sampled_architecture_that_cannot_train_is_its_trials_one_line_before_anything_starts():
+    """What a trial does first with the combination the searcher drew (random draws of a
+    space over image sizes and levels): the config's rules, one line, no worker started."""
+    from detsweep.config import load_trial_config
+    from detsweep.trainables.trial import TrialFailed, run_trial
+
+    tree = load_trial_config(REPO / "configs" / "quickstart.yaml").model_dump(mode="json")
+    tree["model"].update(image_size=160, max_level=6)
+    with pytest.raises(TrialFailed) as caught:
+        run_trial({"trial": tree, "search": {"metric": "eval/AP_best"}})
+    assert str(caught.value) == ("the trial's sampled config: model.image_size: found 160, expected a multiple of 64 "
+                                 "(2 ** max_level)")

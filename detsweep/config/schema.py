@@ -347,6 +347,12 @@ class ModelConfig(Section):
     README's mapping table lists each): the OD API's SSD with an FPN and a weight-shared box
     predictor is this network."""
 
+    # What the network is: its layers' shapes, and what its outputs mean (the input's size and
+    # resizing, the anchors each output is for). A checkpoint fits only a network alike.
+    ARCHITECTURE: ClassVar[tuple[str, ...]] = (
+        "name", "backbone", "weights", "image_size", "image_resizer", "num_classes", "min_level", "max_level",
+        "anchor_size", "scales_per_octave", "aspect_ratios", "head_conv_layers")
+
     name: Literal["retinanet"] = "retinanet"
     backbone: BackboneName = Field("resnet_tiny", description="a built-in encoder (random weights)")
     weights: str = Field("none", description="'none', or a keras-hub preset: an image encoder's replaces "

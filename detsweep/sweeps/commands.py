@@ -99,6 +99,12 @@ def validate_command(args: argparse.Namespace) -> int:
     print("samples:")
     for drawn in report["samples"]:
         print("  - " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in drawn.items()))
+    refused = report["grid_points_that_cannot_train"]
+    if refused:
+        first = refused[0]
+        point = ", ".join(f"{k}={v}" for k, v in first["point"].items())
+        print(f"note: {len(refused)} of {report['grid_points']} grid points cannot train (their trials will fail "
+              f"at their start), e.g. {point}: {first['reason']}")
     for note in report["notes"]:
         print(f"note: {note}")
     print(f"{args.sweep}: valid")

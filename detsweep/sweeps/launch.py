@@ -29,7 +29,7 @@ from .experiment import (
     stored_run_link,
 )
 from .resources import check_fits, trials_at_once
-from .spec import Sweep, grid_of, trial_count
+from .spec import Sweep, grid_of, grid_points_that_cannot_train, trial_count
 
 
 def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_a_node: bool = True,
@@ -54,6 +54,8 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
         "scheduler": sweep.search.scheduler.type,
         "trials": trials,
         "grid_points": len(grid),
+        "grid_points_that_cannot_train": [{"point": point, "reason": reason}
+                                          for point, reason in grid_points_that_cannot_train(sweep)],
         "resources_per_trial": {"workers": scaling.num_workers, "cpus_per_worker": scaling.cpus_per_worker,
                                 "gpus_per_worker": scaling.gpus_per_worker if scaling.use_gpu else 0},
         "trials_at_once": min(trials_at_once(sweep, capacity), sweep.search.max_concurrent_trials or 10**9),

@@ -28,7 +28,7 @@ from detsweep.config.loader import (
     resolve_data_paths,
     set_path,
 )
-from detsweep.config.schema import Section, TrainConfig, invalid
+from detsweep.config.schema import ModelConfig, Section, TrainConfig, invalid
 from detsweep.errors import DetsweepError
 from detsweep.evaluation.metrics import reported_metrics
 
@@ -102,6 +102,9 @@ class SearchSpec(Section):
             field = "scheduler.mode" if scheduler.mode is None else "scheduler.metric"
             raise invalid(field, None, "scheduler.metric and scheduler.mode together (say whether more is better)")
         for path in self.scheduler.mutations:
+            if path.removeprefix("model.") in ModelConfig.ARCHITECTURE and path.startswith("model."):
+                raise invalid(f"scheduler.mutations.{path}", "a field of the architecture",
+                              "training settings only (PBT copies a donor's checkpoint, which fits only its own network)")
             if path in self.space and self.space[path].is_grid:
                 raise invalid(f"space.{path}", "a grid", "values or a distribution (PBT mutates this path, a grid point cannot change)")
         return self
@@ -238,6 +241,23 @@ def grid_of(sweep: Sweep) -> list[dict[str, Any]]:
     if not any(parameter.is_grid for parameter in space.values()):
         return []
     return grid_points(space, sweep.base.model_dump(mode="json"))
+
+
+def grid_points_that_cannot_train(sweep: Sweep) -> list[tuple[dict[str, Any], str]]:
+    """The grid points whose config the schema refuses (an image size that is not a multiple of
+    2 ** max_level, say), each with its one-line reason; the space's other fields at the base's
+    values. Their trials would fail at their start, each with that line."""
+    base = sweep.base.model_dump(mode="json")
+    refused = []
+    for point in grid_of(sweep):
+        tree = copy.deepcopy(base)
+        for dotted, value in point.items():
+            set_path(tree, dotted, value)
+        try:
+            validate(TrialConfig, tree, "a grid point")
+        except DetsweepError as error:
+            refused.append((point, str(error).removeprefix("a grid point: ")))
+    return refused
 
 
 def trial_count(sweep: Sweep) -> int:
