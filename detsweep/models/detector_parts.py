@@ -118,14 +118,16 @@ class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
     ``num_detections`` are -1, as keras-hub's.
     """
 
-    def __init__(self, *args, class_agnostic: bool = True, max_detections_per_class: int = 100, **kwargs):
+    def __init__(self, *args, class_agnostic: bool = True, max_detections_per_class: int = 100,
+                 max_candidates: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.class_agnostic = class_agnostic
         self.max_detections_per_class = max_detections_per_class
+        self.max_candidates = max_candidates  # at most this many boxes suppressed (per class); None: all above
 
     def get_config(self):
         return {**super().get_config(), "class_agnostic": self.class_agnostic,
-                "max_detections_per_class": self.max_detections_per_class}
+                "max_detections_per_class": self.max_detections_per_class, "max_candidates": self.max_candidates}
 
     def call(self, box_prediction, class_prediction, images=None):
         # float32 whatever the policy: under mixed_float16 Keras hands a layer float16 inputs
@@ -152,8 +154,10 @@ class TensorFlowNonMaxSuppression(keras_hub.layers.NonMaxSuppression):
         first, and their indices. A box at or below it is neither kept nor suppresses one, and the
         suppression's time grows with the square of its boxes: seconds an image at 640 px when few
         score above it, minutes per class."""
-        above = tf.reduce_sum(tf.cast(scores > self.confidence_threshold, tf.int32), axis=-1)
-        return tf.math.top_k(scores, tf.maximum(tf.reduce_max(above), 1))
+        above = tf.reduce_max(tf.reduce_sum(tf.cast(scores > self.confidence_threshold, tf.int32), axis=-1))
+        if self.max_candidates is not None:
+            above = tf.minimum(above, self.max_candidates)
+        return tf.math.top_k(scores, tf.maximum(above, 1))
 
     def _per_class(self, boxes: tf.Tensor, scores: tf.Tensor) -> dict[str, tf.Tensor]:
         """Every (image, class) pair suppressed at once, each over its own boxes by score; then

@@ -1,0 +1,45 @@
+"""What an architecture costs to serve, before training (``export/architecture.py``): one key
+per network, and the suppression fed the same number of candidates whatever the weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from detsweep.config import ModelConfig
+from detsweep.export.architecture import CANDIDATES, architecture_key, serving_cost
+from detsweep.models import build_model
+
+
+def test_two_configs_share_a_key_exactly_when_their_networks_are_alike():
+    base = ModelConfig(image_size=64, max_level=5)
+    assert architecture_key(base, 3) == architecture_key(base.model_copy(update={"score_threshold": 0.3,
+                                                                                  "focal_gamma": 1.0}), 3)
+    others = [base.model_copy(update=change) for change in ({"head_conv_layers": 1}, {"image_size": 96},
+                                                            {"aspect_ratios": (1.0,)}, {"backbone": "resnet18"})]
+    keys = {architecture_key(base, 3), architecture_key(base, 4), *(architecture_key(o, 3) for o in others)}
+    assert len(keys) == 6
+
+
+@pytest.mark.parametrize("bias", [-12.0, 12.0], ids=["untrained-like: no score above 0.05", "every score high"])
+def test_the_cost_models_suppression_takes_the_same_candidates_whatever_the_weights(bias):
+    """A network scoring nothing above the threshold and one scoring everything high give the
+    suppression the same ``CANDIDATES`` boxes in the cost model; served normally, they differ."""
+    config = ModelConfig(image_size=128, max_level=5, class_prediction_bias_init=bias, head_kernel_stddev=0.001)
+    network, _ = build_model(config, 3)
+    decoder = network.prediction_decoder
+    scores = tf.sigmoid(network(tf.zeros([1, 128, 128, 3]), training=False)["cls_logits"])
+    anchors = int(scores.shape[1])
+    served = decoder._best_above_threshold(tf.reduce_max(scores, -1))[0].shape[-1]
+    decoder.confidence_threshold, decoder.max_candidates = 0.0, CANDIDATES
+    costed = decoder._best_above_threshold(tf.reduce_max(scores, -1))[0].shape[-1]
+    assert anchors > CANDIDATES and costed == CANDIDATES
+    assert served == (1 if bias < 0 else anchors)
+
+
+def test_serving_cost_times_the_architectures_tflite_file():
+    cost = serving_cost(ModelConfig(image_size=64, max_level=5, head_conv_layers=0), 3)
+    assert cost.latency_ms > 0 and cost.latency.runs >= 30 and cost.size_mb > 1 and cost.params > 10**6
+    assert set(cost.metrics()) == {"serve/latency_ms", "serve/size_mb", "serve/params"}
+    assert np.isclose(cost.metrics()["serve/params"], cost.params)
