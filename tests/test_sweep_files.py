@@ -459,6 +459,22 @@ def test_a_results_folder_this_machine_cannot_make_is_one_line_before_anything_s
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # no MLflow, no log, nothing
 
 
+def test_serving_cost_refuses_a_distribution_over_an_architecture_field(write):
+    """It measures every architecture the space holds before the trials start: a finite set."""
+    path = sweep_file(write, "  serving_cost: true\n  space:\n"
+                             "    model.image_size: {distribution: q_uniform, min: 64, max: 256, q: 32}\n")
+    with pytest.raises(DetsweepError) as caught:
+        load_sweep(path)
+    assert str(caught.value) == (f"{path}: search.space.model.image_size: found a distribution, expected values or a "
+                                 "grid (search.serving_cost measures each architecture the space holds before the "
+                                 "trials start)")
+    path = sweep_file(write, "  serving_cost: true\n  space:\n    model.image_size: {values: [64, 128]}\n"
+                             "    optimizer.learning_rate.learning_rate_base: {distribution: uniform, min: 0.01, max: 0.1}\n")
+    from detsweep.sweeps.serving import architectures
+
+    assert [config.model.image_size for config in architectures(load_sweep(path))] == [64, 128]
+
+
 def test_validate_counts_the_grid_points_that_cannot_train_and_says_why_one_cannot(write):
     """An architecture grid: image sizes against the deepest level. 96 and 160 px are no multiples
     of 2 ** 6: two of the six points would fail at their trial's start, and validate says so first."""

@@ -112,6 +112,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     from detsweep.tracking import open_sweep_run, resolve_backend, trial_environment
 
     from .progress import SweepProgress
+    from .serving import measure_architectures
     from .space import swept_paths
     from .tuner import build_tuner
 
@@ -131,9 +132,11 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     console.keep_log_in(path, f"launch-{time.strftime('%Y%m%d-%H%M%S')}.log")
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
+    # before any trial: no training beside the measurements
+    serving = measure_architectures(sweep, console.say) if sweep.search.serving_cost else None
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps, capacity=capacity)
     try:
-        build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])]).fit()
+        build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])], serving=serving).fit()
     finally:
         progress.close()  # a live table leaves the terminal as it found it, also on an interrupt
     return finish(path, sweep, link, register)

@@ -67,6 +67,8 @@ class SearchSpec(Section):
     scheduler: SchedulerSpec = SchedulerSpec()
     include: list[str] = Field(default_factory=list, description="space files, relative to the sweep file")
     space: dict[str, Parameter] = Field(default_factory=dict)
+    serving_cost: bool = Field(False, description="measure each architecture the space holds before the trials "
+                                                  "start: serve/latency_ms, serve/size_mb, serve/params on every trial")
 
     @property
     def decided_by(self) -> tuple[str, str]:
@@ -102,7 +104,7 @@ class SearchSpec(Section):
             field = "scheduler.mode" if scheduler.mode is None else "scheduler.metric"
             raise invalid(field, None, "scheduler.metric and scheduler.mode together (say whether more is better)")
         for path in self.scheduler.mutations:
-            if path.removeprefix("model.") in ModelConfig.ARCHITECTURE and path.startswith("model."):
+            if is_architecture(path):
                 raise invalid(f"scheduler.mutations.{path}", "a field of the architecture",
                               "training settings only (PBT copies a donor's checkpoint, which fits only its own network)")
             if path in self.space and self.space[path].is_grid:
@@ -185,6 +187,9 @@ def _check_space(spec: SweepFile, path: Path) -> None:
     for dotted, parameter in parameters.items():
         where = f"search.space.{dotted}" if dotted in spec.search.space else f"search.scheduler.mutations.{dotted}"
         _check_field_exists(dotted, where, path)
+        if spec.search.serving_cost and is_architecture(dotted) and parameter.distribution:
+            raise DetsweepError(f"{path}: {where}: found a distribution, expected values or a grid (search.serving_cost "
+                                "measures each architecture the space holds before the trials start)")
         for value in _candidates(parameter):
             tree = copy.deepcopy(spec.base)
             set_path(tree, dotted, value)
@@ -241,6 +246,11 @@ def grid_of(sweep: Sweep) -> list[dict[str, Any]]:
     if not any(parameter.is_grid for parameter in space.values()):
         return []
     return grid_points(space, sweep.base.model_dump(mode="json"))
+
+
+def is_architecture(dotted: str) -> bool:
+    """A trial-config path of the network's architecture (``ModelConfig.ARCHITECTURE``)."""
+    return dotted.startswith("model.") and dotted.removeprefix("model.") in ModelConfig.ARCHITECTURE
 
 
 def grid_points_that_cannot_train(sweep: Sweep) -> list[tuple[dict[str, Any], str]]:

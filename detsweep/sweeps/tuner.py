@@ -27,9 +27,10 @@ from .space import swept_paths
 from .spec import Sweep, grid_of, in_reports, reports_every, trial_count
 
 
-def param_space(sweep: Sweep, tracking: RunLink) -> dict[str, Any]:
+def param_space(sweep: Sweep, tracking: RunLink, serving: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """``{"trial": base tree with Tune domains at the space's paths, "point": grid, …}``; the
-    rest is the same for every trial: what it reports on, where it stores, its MLflow parent."""
+    rest is the same for every trial: what it reports on, where it stores, its MLflow parent,
+    and what each architecture costs to serve (``serving``, with ``search.serving_cost``)."""
     tree = sweep.base.model_dump(mode="json")
     for dotted, parameter in sweep.search.space.items():
         if not parameter.is_grid:
@@ -39,6 +40,8 @@ def param_space(sweep: Sweep, tracking: RunLink) -> dict[str, Any]:
                              "tracking": tracking.to_dict()}
     if points := grid_of(sweep):
         space["point"] = tune.grid_search(points)
+    if serving:
+        space["serving"] = serving
     return space
 
 
@@ -134,11 +137,11 @@ def trainable():
 
 
 def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks: list | None = None,
-                runs: Any = None) -> tune.Tuner:
+                runs: Any = None, serving: dict[str, dict[str, float]] | None = None) -> tune.Tuner:
     """The sweep's Tuner; ``runs``: another trainable in place of detsweep's trial (one that
     reports recorded curves, say), under the same searcher, scheduler and space. Such a
     trainable holds no state between trials, so Tune reuses its actors: a trial then costs
-    no process start."""
+    no process start. ``serving``: each architecture's serving cost (:mod:`.serving`)."""
     search = sweep.search
     concurrent = search.max_concurrent_trials or max_concurrent
     # Tune hands its metric and mode to the searcher and the scheduler, and refuses both when
@@ -147,7 +150,7 @@ def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks:
     search_alg, trial_scheduler = search_and_scheduler(sweep, concurrent)
     return tune.Tuner(
         runs or trainable(),
-        param_space=param_space(sweep, tracking),
+        param_space=param_space(sweep, tracking, serving),
         tune_config=tune.TuneConfig(
             metric=objective[0], mode=objective[1], num_samples=search.num_samples,
             time_budget_s=search.time_budget_s, search_alg=search_alg, scheduler=trial_scheduler,

@@ -64,6 +64,14 @@ def swept_values(tune_config: dict[str, Any], paths: list[str]) -> dict[str, Any
     return {dotted: get_path(tree, dotted) for dotted in paths}
 
 
+def serving_cost(tune_config: dict[str, Any], config: TrialConfig) -> dict[str, float]:
+    """The trial's architecture's ``serve/*`` metrics, when the sweep measured them."""
+    from detsweep.export.architecture import architecture_key
+
+    costs = tune_config.get("serving")
+    return costs[architecture_key(config.model, config.model.num_classes or 0)] if costs else {}
+
+
 def run_trial(tune_config: dict[str, Any]) -> None:
     startup = StartupClock()
     try:
@@ -79,13 +87,16 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     runs = f"{context.get_experiment_name()}-train-{context.get_trial_id()}-"
     name = f"{runs}{started}"
     metric = tune_config["search"]["metric"]
+    serving = serving_cost(tune_config, config)
+    if serving:  # the architecture's, measured before the sweep's trials started (sweeps/serving.py)
+        run.log_report({"step": 0, **serving})
 
     def to_tune(report: Report) -> None:
         if metric in report.metrics:  # the evaluations: what schedulers and searchers decide on
             # Tune's own class, on the same filesystem: a checkpoint in a bucket stays there.
             checkpoint = report.checkpoint
             reported = ray.tune.Checkpoint(checkpoint.path, checkpoint.filesystem) if checkpoint else None
-            ray.tune.report(report.metrics, checkpoint=reported)
+            ray.tune.report(report.metrics | serving, checkpoint=reported)
 
     request = TrainingRequest(config, name, tune_config.get("storage"), checkpoint_uri(restore) if restore else None,
                               pictures=True, system_metrics=True, startup=startup)

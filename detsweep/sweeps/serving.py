@@ -1,0 +1,65 @@
+"""What each architecture a sweep can draw costs to serve (``search.serving_cost``), measured
+once per architecture by the driver before the trials start, so that no trial trains beside
+a measurement (Ray's CPU reservations are not pinned cores). Every trial's run then carries its
+architecture's ``serve/latency_ms``, ``serve/size_mb`` and ``serve/params``, and so does every
+report Tune hears of it (:func:`detsweep.trainables.trial.run_trial`)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from detsweep.config import TrialConfig, validate
+from detsweep.config.loader import set_path
+from detsweep.errors import DetsweepError
+
+from .spec import Sweep, is_architecture
+
+
+def architectures(sweep: Sweep) -> list[TrialConfig]:
+    """Every trial config the space's architecture fields can make, one per distinct network;
+    combinations the config's rules refuse are left out (their trials fail at their start)."""
+    base = sweep.base.model_dump(mode="json")
+    choices = {dotted: parameter.grid or parameter.values or [parameter.value]
+               for dotted, parameter in sweep.search.space.items() if is_architecture(dotted)}
+    configs = []
+    for combination in itertools.product(*choices.values()):
+        tree = copy.deepcopy(base)
+        for dotted, value in zip(choices, combination, strict=True):
+            set_path(tree, dotted, value)
+        try:
+            configs.append(validate(TrialConfig, tree, "an architecture"))
+        except DetsweepError:
+            continue
+    return configs
+
+
+def measure_architectures(sweep: Sweep, say=print) -> dict[str, dict[str, float]]:
+    """``architecture_key`` → its ``serve/*`` metrics, each architecture measured once."""
+    from detsweep.data import load_dataset
+    from detsweep.export.architecture import architecture_key, serving_cost
+
+    configs = architectures(sweep)
+    classes = sweep.base.model.num_classes or len(load_dataset(sweep.base.data.train, verify=False).categories)
+    costs: dict[str, dict[str, Any]] = {}
+    for config in configs:
+        key = architecture_key(config.model, config.model.num_classes or 0)
+        if key not in costs:
+            cost = serving_cost(config.model, classes)
+            costs[key] = cost.metrics()
+            say(f"serving cost of {describe(config, sweep)}: {cost.latency_ms:.1f} ms, {cost.size_mb:.1f} MB, "
+                f"{cost.params:,} parameters")
+    return costs
+
+
+def describe(config: TrialConfig, sweep: Sweep) -> str:
+    swept = [dotted for dotted in sweep.search.space if is_architecture(dotted)]
+    tree = config.model_dump(mode="json")
+    parts = []
+    for dotted in swept:
+        value: Any = tree
+        for key in dotted.split("."):
+            value = value[key]
+        parts.append(f"{dotted}={value}")
+    return ", ".join(parts) or "the base's architecture"
