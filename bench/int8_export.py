@@ -2,7 +2,7 @@
 reports them: the Keras model, the float32 TFLite file and the int8 one (COCO AP on the 40 val
 photos with its bootstrap spread, file size, latency at batch 1 in LiteRT on this machine's CPU).
 
-    .venv/bin/python -m bench.int8_export [--smoke] [--steps N] [--size PX] [--keep DIR]
+    .venv/bin/python -m bench.int8_export [--smoke] [--steps N] [--size PX] [--representative N] [--keep DIR]
 
 It trains ``configs/raccoon.yaml`` (detsweep's loop, no Ray) for ``--steps`` steps, then runs
 ``detsweep export --format tflite-int8 --json`` on the last checkpoint. The target is the
@@ -44,7 +44,7 @@ def train(steps: int, size: int, folder: Path) -> tuple[Path, dict]:
     return kept, last
 
 
-def export(checkpoint: Path, out: Path) -> dict:
+def export(checkpoint: Path, out: Path, representative: int) -> dict:
     import argparse
 
     from detsweep.export.commands import add_export_commands
@@ -52,7 +52,7 @@ def export(checkpoint: Path, out: Path) -> dict:
     parser = argparse.ArgumentParser(prog="detsweep")
     add_export_commands(parser.add_subparsers(required=True))
     args = parser.parse_args(["export", "--from", f"checkpoint:{checkpoint}", "--format", "tflite-int8",
-                              "--out", str(out), "--json"])
+                              "--out", str(out), "--representative", str(representative), "--json"])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         args.command(args)
@@ -64,12 +64,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="training steps (configs/raccoon.yaml's 1000)")
     parser.add_argument("--size", type=int, default=256, help="the model's image size (configs/raccoon.yaml's 256)")
     parser.add_argument("--keep", type=Path, help="keep the checkpoint, the export and its report here")
+    parser.add_argument("--representative", type=int, default=100, help="training photos to calibrate int8 on")
     args = parser.parse_args()
     steps, size = (20, 128) if args.smoke else (args.steps, args.size)
     with tempfile.TemporaryDirectory(prefix="bench-int8-") as scratch:
         folder = args.keep or Path(scratch)
         checkpoint, trained = train(steps, size, folder)
-        report = export(checkpoint, folder / "export")
+        report = export(checkpoint, folder / "export", args.representative)
         (folder / "report.json").write_text(json.dumps(report, indent=1))
     models = report["models"]
     rows = [["model", "AP", "AP spread", "AP50", "size (MB)", "latency (ms)", "latency spread", "params"]]

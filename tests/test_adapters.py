@@ -405,3 +405,43 @@ def test_a_trial_stopped_while_paused_is_saved_terminated_only_through_the_adapt
     found = json.loads(result.stdout.splitlines()[-1])
     assert found == {"saves-False": {"0": "PAUSED", "1": "TERMINATED"},
                      "saves-True": {"0": "TERMINATED", "1": "TERMINATED"}}, found
+
+
+def test_tflite_calibrates_then_quantizes_as_two_steps_with_named_tensors_left_float():
+    """``adapters.tflite``: the converter's calibration alone gives a float model with measured
+    ranges (the flag restored after); quantizing it makes int8 what has ranges, but the tensors
+    named float."""
+    import numpy as np
+    import tensorflow as tf
+    from ai_edge_litert import schema_py_generated as schema
+
+    from detsweep.adapters.tflite import calibrated, quantized
+
+    class Two(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 8], tf.float32)])
+        def __call__(self, x):
+            first = tf.nn.relu(tf.matmul(x, tf.ones([8, 8]) * 0.1, name="first"))
+            return tf.matmul(first, tf.ones([8, 4]) * 0.2, name="second")
+
+    module = Two()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.__call__.get_concrete_function()], module)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([np.random.default_rng(i).random((1, 8), np.float32)] for i in range(8))
+    measured = calibrated(converter)
+    assert converter._experimental_calibrate_only is False
+    graph = schema.ModelT.InitFromPackedBuf(measured, 0).subgraphs[0]
+    ranged = {t.name.decode() for t in graph.tensors if t.quantization is not None and t.quantization.min is not None}
+    assert all(t.type == schema.TensorType.FLOAT32 for t in graph.tensors) and ranged
+
+    def outputs(model: bytes) -> list[tuple[str, int]]:
+        """Each fully connected operation's output: its type."""
+        parsed = schema.ModelT.InitFromPackedBuf(model, 0)
+        graph = parsed.subgraphs[0]
+        return [graph.tensors[op.outputs[0]].type for op in graph.operators
+                if parsed.operatorCodes[op.opcodeIndex].builtinCode == schema.BuiltinOperator.FULLY_CONNECTED]
+
+    int8, float32 = schema.TensorType.INT8, schema.TensorType.FLOAT32
+    assert outputs(quantized(measured)) == [int8, int8]
+    last = next(t.name.decode() for t in graph.tensors if t.name.decode().startswith("PartitionedCall"))
+    assert outputs(quantized(measured, float_nodes=[last])) == [int8, float32]
+    assert outputs(quantized(measured, float_ops=["FULLY_CONNECTED"])) == [float32, float32]

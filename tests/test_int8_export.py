@@ -39,7 +39,7 @@ def int8_bench(tmp_path_factory) -> tuple[Path, dict]:
     folder = tmp_path_factory.mktemp("int8")
     results = folder / "results.json"
     result = run_bounded([sys.executable, "-m", "bench.int8_export", "--steps", str(STEPS), "--size", "128",
-                          "--keep", str(folder / "kept"), "--out", str(results)], cwd=REPO)
+                          "--representative", "48", "--keep", str(folder / "kept"), "--out", str(results)], cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return folder / "kept", json.loads(results.read_text())["int8_export"]
 
@@ -102,7 +102,7 @@ def test_the_int8_file_runs_in_litert_on_the_photos_and_its_ap_is_reported_besid
     assert models["tflite-int8"]["AP_drop"] == pytest.approx(models["tflite"]["AP"] - models["tflite-int8"]["AP"], abs=1e-3)
     assert models["tflite-int8"]["AP_drop_spread"] > 0
     assert models["tflite-int8"]["size_mb"] < models["tflite"]["size_mb"] / 2.5  # int8 weights
-    assert report["int8"]["representative"]["images"] == 100
+    assert report["int8"]["representative"]["images"] == 48
     assert report["int8"]["met"] == (models["tflite-int8"]["AP_drop"] <= 0.01)
     if not report["int8"]["met"]:  # the layers losing most named, and their variant scored
         assert len(report["int8"]["layers_losing_most"]) == 5

@@ -7,9 +7,11 @@ after the heads' two outputs (class logits and box codes, separate tensors, so e
 scale of its own), the box decoding and the suppression stay in float: they have no int8
 kernels worth the name, and one scale over boxes and scores would collapse the scores.
 
-Both steps go through TensorFlow's quantization debugger: it is TensorFlow's public way to keep
-chosen operations in float (``denylisted_nodes``), and the same run measures how far each
-quantized layer strays from float (:func:`layers_losing_most`).
+Calibration and quantization are two steps here (:mod:`detsweep.adapters.tflite`), the
+measured ranges edited in between: the network's kept, every other dropped (an operation with
+no range for its input stays float), the class logits' floored. Chosen layers stay float by
+name; TensorFlow's quantization debugger measures how far each quantized layer strays from
+float (:meth:`Quantizer.layers_losing_most`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from detsweep.adapters.tflite import calibrated, quantized
 from detsweep.config import DatasetConfig
 from detsweep.data import Example, load_dataset
 from detsweep.data.processing import NETWORK_SCOPE, SCORE_FLOOR, InputSpec, letterboxed
@@ -93,33 +96,61 @@ def decoded(example: Example) -> tf.Tensor:
 
 # --- conversion ------------------------------------------------------------------------------
 
-def quantized_int8(saved_model_dir: Path, calibration: Calibration, keep_float: Sequence[str] = ()) -> bytes:
-    """The SavedModel's serving signature with its network in int8; ``keep_float``: names of the
-    network's layers (as :func:`layers_losing_most` gives them, or any part of one) to leave in
-    float too."""
-    debugger = _debugger(saved_model_dir, calibration)
-    debugger.options = _options(debugger, keep_float)
-    return debugger.get_nondebug_quantized_model()
-
-
 @dataclass(frozen=True)
 class LayerLoss:
     name: str
     rmse_per_scale: float  # the layer's int8 error in units of its quantization step
 
 
-def layers_losing_most(saved_model_dir: Path, calibration: Calibration, count: int = 5) -> list[LayerLoss]:
-    """The network's quantized layers ranked by how far their int8 outputs stray from float on
-    the representative set, worst first: root mean square error over the quantization step
-    (TensorFlow's quantization debugger; about 0.29 is rounding alone, 1/sqrt(12))."""
-    debugger = _debugger(saved_model_dir, calibration)
-    debugger.run()
-    dump = io.StringIO()
-    debugger.layer_statistics_dump(dump)
-    dump.seek(0)
-    losses = [LayerLoss(layer_name(row["tensor_name"]), math.sqrt(float(row["mean_squared_error"])) / float(row["scale"]))
-              for row in csv.DictReader(dump) if float(row["scale"]) > 0 and in_network(row["tensor_name"])]
-    return sorted(losses, key=lambda loss: -loss.rmse_per_scale)[:count]
+class Quantizer:
+    """A SavedModel's serving signature calibrated once on a representative set, its ranges kept
+    for the network alone (:func:`network_ranges_only`); int8 models of it, and the layers that
+    lose most."""
+
+    def __init__(self, saved_model_dir: Path, calibration: Calibration):
+        loaded = tf.saved_model.load(str(saved_model_dir))
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([loaded.signatures[SIGNATURE]], loaded)
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ({"images": picture} for [picture] in calibration.samples())
+        self.calibration = calibration
+        self.model, self.floored = network_ranges_only(calibrated(converter))
+
+    def int8(self, keep_float: Sequence[str] = ()) -> bytes:
+        """The network in int8; ``keep_float``: names of its layers (as :meth:`layers_losing_most`
+        gives them, or any part of one) to leave in float too."""
+        return quantized(self.model, self.float_nodes(keep_float), FLOAT_OPS)
+
+    def layers_losing_most(self, count: int = 5) -> list[LayerLoss]:
+        """The network's quantized layers ranked by how far their int8 outputs stray from float
+        on the representative set, worst first: root mean square error over the quantization
+        step (TensorFlow's quantization debugger; about 0.29 is rounding alone, 1/sqrt(12)). The
+        class logits below the score floor are left out: int8 drops them on purpose."""
+        from tensorflow.lite.tools.optimize.debugging.python.debugger import QuantizationDebugger
+
+        debug_model = quantized(self.model, self.float_nodes(()), FLOAT_OPS, numeric_verify=True)
+        debugger = QuantizationDebugger(quant_debug_model_content=debug_model, debug_dataset=self.calibration.samples)
+        debugger.run()
+        dump = io.StringIO()
+        debugger.layer_statistics_dump(dump)
+        dump.seek(0)
+        losses = [LayerLoss(layer_name(row["tensor_name"]),
+                            math.sqrt(float(row["mean_squared_error"])) / float(row["scale"]))
+                  for row in csv.DictReader(dump) if float(row["scale"]) > 0 and in_network(row["tensor_name"])
+                  and layer_name(row["tensor_name"]) not in self.floored]
+        return sorted(losses, key=lambda loss: -loss.rmse_per_scale)[:count]
+
+    def float_nodes(self, keep_float: Sequence[str]) -> list[str]:
+        """Everything of the main graph outside the network, and the network's tensors whose
+        name contains one of ``keep_float``."""
+        from ai_edge_litert import schema_py_generated as schema
+
+        names = [tensor.name.decode() for tensor in schema.ModelT.InitFromPackedBuf(self.model, 0).subgraphs[0].tensors]
+        kept = [name for name in names if in_network(name) and any(layer in name for layer in keep_float)]
+        unknown = [layer for layer in keep_float if not any(layer in name for name in kept)]
+        if unknown:
+            raise DetsweepError(f"--keep-float {unknown[0]}: found no layer of the network by that name, "
+                                "expected a name as an export that misses its target prints")
+        return [*(name for name in names if not in_network(name)), *kept]
 
 
 def layer_name(tensor_name: str) -> str:
@@ -134,54 +165,40 @@ def in_network(tensor_name: str) -> bool:
     return any(NETWORK_PART.match(part) for part in tensor_name.split(";"))
 
 
-def _debugger(saved_model_dir: Path, calibration: Calibration):
-    from tensorflow.lite.tools.optimize.debugging.python.debugger import (
-        QuantizationDebugger,
-        QuantizationDebugOptions,
-    )
-
-    loaded = tf.saved_model.load(str(saved_model_dir))
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([loaded.signatures[SIGNATURE]], loaded)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = lambda: ({"images": picture} for [picture] in calibration.samples())
-    debugger = QuantizationDebugger(converter=converter, debug_dataset=calibration.samples,
-                                    debug_options=QuantizationDebugOptions())
-    # calibrated once; what stays in float is then set without measuring again
-    debugger.calibrated_model = network_ranges_only(debugger.calibrated_model)
-    debugger.options = _options(debugger, ())
-    return debugger
-
-
-def network_ranges_only(calibrated: bytes) -> bytes:
+def network_ranges_only(calibrated_model: bytes) -> tuple[bytes, set[str]]:
     """The calibrated model with the measured ranges of every tensor outside the network
     removed: an operation with no range for its input stays in float. This is what keeps the
     suppression's loops in float (their subgraphs cannot be denylisted by name: TensorFlow 2.21's
-    quantizer then fails to retype the loop's results)."""
+    quantizer then fails to retype the loop's results), and what keeps it from crashing on
+    their degenerate ranges (:mod:`detsweep.adapters.tflite`). Also the names of the layers
+    whose range :func:`floor_class_logits` cut."""
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
-    model = schema.ModelT.InitFromPackedBuf(calibrated, 0)
+    model = schema.ModelT.InitFromPackedBuf(calibrated_model, 0)
     for graph in model.subgraphs:
         for tensor in graph.tensors:
             if tensor.quantization is not None and not in_network(tensor.name.decode()):
                 tensor.quantization.min = tensor.quantization.max = None
-    floor_class_logits(model)
-    builder = flatbuffers.Builder(len(calibrated))
+    floored = floor_class_logits(model)
+    builder = flatbuffers.Builder(len(calibrated_model))
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return bytes(builder.Output()), floored
 
 
-def floor_class_logits(model) -> None:
+def floor_class_logits(model) -> set[str]:
     """Start the measured range of the class logits, from the heads' last convolutions on, at
     the score floor (:func:`~detsweep.data.processing.served_predictions`): int8 saturation
     then does what the floor does, at the convolution's output already. The floor alone came
-    too late: the logits were int8 before it, in steps its few far-negative outliers set."""
+    too late: the logits were int8 before it, in steps its few far-negative outliers set.
+    Returns the layers whose range it cut (their names as :func:`layer_name` gives them)."""
     from ai_edge_litert import schema_py_generated as schema
 
     graph = model.subgraphs[0]
     producer = {tensor: op for op in graph.operators for tensor in op.outputs}
     kind = {op_index: code.builtinCode for op_index, code in enumerate(model.operatorCodes)}
     passes_range = {schema.BuiltinOperator.RESHAPE: 1, schema.BuiltinOperator.CONCATENATION: None}
+    floored = set()
     for op in graph.operators:
         out = graph.tensors[op.outputs[0]]
         if SCORE_FLOOR not in out.name.decode() or out.quantization is None or out.quantization.min is None:
@@ -191,30 +208,15 @@ def floor_class_logits(model) -> None:
         while upstream:
             index = upstream.pop()
             measured = graph.tensors[index].quantization
-            if measured is not None and measured.min is not None:
-                measured.min = [max(float(measured.min[0]), floor)]
+            if measured is not None and measured.min is not None and measured.min[0] < floor:
+                measured.min = [floor]
+                floored.add(layer_name(graph.tensors[index].name.decode()))
             source = producer.get(index)
             if source is not None and kind[source.opcodeIndex] in passes_range:
                 upstream += list(source.inputs[:passes_range[kind[source.opcodeIndex]]])
+    return floored
 
 
 # Operations of the decoding and suppression that an int8 input would still draw into int8
 # (they only move values, so they follow their input's type); the network never uses them.
 FLOAT_OPS = ["TOPK_V2"]
-
-
-def _options(debugger, keep_float: Sequence[str]):
-    """Everything of the main graph outside the network in float, and the network's tensors
-    whose name contains one of ``keep_float``."""
-    from ai_edge_litert import schema_py_generated as schema
-    from tensorflow.lite.tools.optimize.debugging.python.debugger import QuantizationDebugOptions
-
-    main = schema.ModelT.InitFromPackedBuf(debugger.calibrated_model, 0).subgraphs[0]
-    names = [tensor.name.decode() for tensor in main.tensors]
-    kept = [name for name in names if in_network(name) and any(layer in name for layer in keep_float)]
-    unknown = [layer for layer in keep_float if not any(layer in name for name in kept)]
-    if unknown:
-        raise DetsweepError(f"--keep-float {unknown[0]}: found no layer of the network by that name, "
-                            "expected a name as an export that misses its target prints")
-    outside = [name for name in names if not in_network(name)]
-    return QuantizationDebugOptions(denylisted_nodes=[*outside, *kept], denylisted_ops=FLOAT_OPS)

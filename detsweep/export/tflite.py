@@ -30,7 +30,7 @@ import tensorflow as tf
 from detsweep.checkpoints import CONFIG_FILE
 
 from .paths import INFO_FILE, check_new_folder, staged_folder
-from .quantize import Calibration, layers_losing_most, quantized_int8
+from .quantize import Calibration, Quantizer
 from .saved_model import SIGNATURE, export_saved_model
 
 MODEL_FILE = "model.tflite"
@@ -64,11 +64,12 @@ def export_tflite(checkpoint_dir: str | Path, out_dir: str | Path, use_average: 
     with tempfile.TemporaryDirectory(prefix="detsweep-export-") as scratch:
         saved = export_saved_model(checkpoint_dir, Path(scratch) / "saved_model", use_average)
         models = {"tflite": convert(saved)}
+        quantizer = Quantizer(saved, request.calibration) if request.kind == "tflite-int8" else None
         if request.kind == "tflite-fp16":
             models[request.kind] = convert(saved, float16=True)
-        elif request.kind == "tflite-int8":
-            models[request.kind] = quantized_int8(saved, request.calibration, request.keep_float)
-        report = measured(checkpoint_dir, saved, models, request, use_average) if request.measure else {}
+        elif quantizer:
+            models[request.kind] = quantizer.int8(request.keep_float)
+        report = measured(checkpoint_dir, quantizer, models, request, use_average) if request.measure else {}
         with staged_folder(out) as folder:
             (folder / MODEL_FILE).write_bytes(models[request.kind])
             if "keep_float" in report:
@@ -90,8 +91,8 @@ def convert(saved_model_dir: Path, float16: bool = False) -> bytes:
 
 # --- scored and timed -----------------------------------------------------------------------
 
-def measured(checkpoint_dir: str | Path, saved: Path, models: dict[str, bytes], request: TFLiteRequest,
-             use_average: bool) -> dict:
+def measured(checkpoint_dir: str | Path, quantizer: Quantizer | None, models: dict[str, bytes],
+             request: TFLiteRequest, use_average: bool) -> dict:
     """The models scored and timed (:class:`~detsweep.export.measure.ExportMeasure`); for an int8
     model that misses its target, the layers losing most and the variant keeping them in float."""
     from .measure import ExportMeasure
@@ -110,9 +111,9 @@ def measured(checkpoint_dir: str | Path, saved: Path, models: dict[str, bytes], 
                                          "images": len(request.calibration.pictures)}}
     if report["int8"]["met"]:
         return report
-    worst = layers_losing_most(saved, request.calibration, NAMED_LAYERS)
+    worst = quantizer.layers_losing_most(NAMED_LAYERS)
     names = tuple(loss.name for loss in worst)
-    variant = quantized_int8(saved, request.calibration, (*request.keep_float, *names))
+    variant = quantizer.int8((*request.keep_float, *names))
     measure.add(KEEP_FLOAT, variant)
     report = {**measure.report(), "int8": report["int8"]}
     report["int8"]["layers_losing_most"] = [{"name": loss.name, "rmse_per_scale": round(loss.rmse_per_scale, 3)}
