@@ -3,12 +3,15 @@ reports them: the Keras model, the float32 TFLite file and the int8 one (COCO AP
 photos with its bootstrap spread, file size, latency at batch 1 in LiteRT on this machine's CPU).
 
     .venv/bin/python -m bench.int8_export [--smoke] [--steps N] [--size PX] [--representative N] [--keep DIR]
+                                          [--checkpoint DIR]
 
 It trains ``configs/raccoon.yaml`` (detsweep's loop, no Ray) for ``--steps`` steps, then runs
 ``detsweep export --format tflite-int8 --json`` on the last checkpoint. The target is the
 issue's: int8 within 1.0 AP (0.01) of float. ``--keep DIR`` keeps the checkpoint, the export and
 the export's report (``DIR/checkpoint``, ``DIR/export``, ``DIR/report.json``):
 ``tests/test_int8_export.py`` runs this script so, as its smoke test and its trained model.
+``--checkpoint DIR`` exports a checkpoint an earlier run of this script kept instead of training
+(its steps and size are read from it).
 """
 
 from __future__ import annotations
@@ -65,11 +68,18 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="the model's image size (configs/raccoon.yaml's 256)")
     parser.add_argument("--keep", type=Path, help="keep the checkpoint, the export and its report here")
     parser.add_argument("--representative", type=int, default=100, help="training photos to calibrate int8 on")
+    parser.add_argument("--checkpoint", type=Path, help="export this kept checkpoint instead of training one")
     args = parser.parse_args()
     steps, size = (20, 128) if args.smoke else (args.steps, args.size)
     with tempfile.TemporaryDirectory(prefix="bench-int8-") as scratch:
         folder = args.keep or Path(scratch)
-        checkpoint, trained = train(steps, size, folder)
+        if args.checkpoint:
+            from detsweep.checkpoints import read_config, read_step
+
+            checkpoint, trained = args.checkpoint, {}
+            steps, size = read_step(checkpoint), read_config(checkpoint).model.image_size
+        else:
+            checkpoint, trained = train(steps, size, folder)
         report = export(checkpoint, folder / "export", args.representative)
         (folder / "report.json").write_text(json.dumps(report, indent=1))
     models = report["models"]
@@ -87,7 +97,9 @@ def main() -> None:
     record("int8_export", Entry(
         title="The raccoon RetinaNet as Keras, float32 TFLite and int8 TFLite (bench/int8_export.py)",
         settings={"config": "configs/raccoon.yaml", "image_size": size, "steps": steps,
-                  "training_eval_AP_ema": trained.get("eval_ema/AP")},
+                  "training_eval_AP_ema": trained.get("eval_ema/AP"),
+                  "trained": f"earlier, kept in {args.checkpoint}" if args.checkpoint else "in this run",
+                  "int8_drop_spread": int8["AP_drop_spread"]},
         rows=rows,
         targets=[Target("int8's AP drop below float32 TFLite (AP)", "<= 0.01", int8["AP_drop"],
                         report["int8"]["met"])],
