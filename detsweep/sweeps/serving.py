@@ -11,7 +11,7 @@ import itertools
 from typing import Any
 
 from detsweep.config import TrialConfig, validate
-from detsweep.config.loader import set_path
+from detsweep.config.loader import get_path, set_path
 from detsweep.errors import DetsweepError
 
 from .spec import Sweep, is_architecture
@@ -54,12 +54,6 @@ def measure_architectures(sweep: Sweep, say=print) -> dict[str, dict[str, float]
 
 
 def describe(config: TrialConfig, sweep: Sweep) -> str:
-    swept = [dotted for dotted in sweep.search.space if is_architecture(dotted)]
     tree = config.model_dump(mode="json")
-    parts = []
-    for dotted in swept:
-        value: Any = tree
-        for key in dotted.split("."):
-            value = value[key]
-        parts.append(f"{dotted}={value}")
+    parts = [f"{dotted}={get_path(tree, dotted)}" for dotted in sweep.search.space if is_architecture(dotted)]
     return ", ".join(parts) or "the base's architecture"
