@@ -95,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     best.add_argument("--metric", help="rank by this metric (default: the sweep's)")
     best.add_argument("--mode", choices=("max", "min"), help="(default: the sweep's)")
     best.add_argument("--top", type=int, help="show only the first K trials")
-    best.add_argument("--json", action="store_true", help='print {"experiment", "metric", "mode", "trials": […]}')
+    best.add_argument("--pareto", action="store_true", help="the Pareto front over the sweep's objectives instead "
+                                                           "(a sweep with search.objectives)")
+    best.add_argument("--json", action="store_true", help='print {"experiment", "metric", "mode", "trials": […]} '
+                                                          '(--pareto: {"experiment", "pareto": {…}})')
 
     finetune = add_command(commands, "finetune", finetune_command,
                         "keep training a checkpoint (a sweep's best) on more steps, new data or new classes")
@@ -223,6 +226,16 @@ def best_command(args: argparse.Namespace) -> int:
     name, tracking = _experiment_of(args.experiment)
     backend = resolve_backend(tracking)
     check_readable(backend)
+    if args.pareto:
+        from detsweep.sweeps.commands import format_front
+        from detsweep.tracking.best import front_of
+
+        front = front_of(MlflowClient(backend.uri), name, backend)
+        pareto = front.to_dict() if front else None
+        none = f"experiment {name}: no trial trained to the end with every objective logged"
+        print(json.dumps({"experiment": name, "tracking_uri": backend.uri, "pareto": pareto}) if args.json
+              else "\n".join(format_front(pareto)) if pareto else none)
+        return 0
     ranking = rank_trials(MlflowClient(backend.uri), name, backend, args.metric, args.mode)
     report = ranking.to_dict(args.top)
     print(json.dumps(report) if args.json else format_ranking(report))

@@ -377,8 +377,7 @@ def trained_sweep(tmp_path_factory) -> tuple[Path, dict]:
     """A finished quickstart sweep named ``source``, its MLflow runs in ``folder/mlflow.db``:
     the source of the fine-tuning tests, the checkpoint the export tests ship, and the ASHA
     sweep on evaluations beside training (``train.evaluation: async``) that
-    ``test_sweep_runs`` checks (one sweep for all three), its one architecture's serving cost
-    measured before the trials (``search.serving_cost``).
+    ``test_sweep_runs`` checks (one sweep for all three).
 
     Its best trial (0.04) trains 150 steps on 64 images, so that its AP is above noise, in
     loops of 25 steps, with an evaluation (a Ray task of its own, while it trains on) and a
@@ -394,7 +393,6 @@ def trained_sweep(tmp_path_factory) -> tuple[Path, dict]:
   algorithm: grid
   num_samples: 1
   scheduler: {type: asha, grace_period: 75, reduction_factor: 2, metric: eval/loss, mode: min}
-  serving_cost: true
   space:
     optimizer.learning_rate.learning_rate_base: {grid: [0.04, 0.00001]}
 """, num_steps=150, every=75, loop=25, name="source", data="{train: {num_images: 64}, val: {num_images: 32}}")

@@ -43,3 +43,34 @@ def test_serving_cost_times_the_architectures_tflite_file():
     assert cost.latency_ms > 0 and cost.latency.runs >= 30 and cost.size_mb > 1 and cost.params > 10**6
     assert set(cost.metrics()) == {"serve/latency_ms", "serve/size_mb", "serve/params"}
     assert np.isclose(cost.metrics()["serve/params"], cost.params)
+    # the file holds every weight in float32, as a trained network's would (none shared alike)
+    assert cost.size_mb * 1e6 >= 4 * cost.params, (cost.size_mb, cost.params)
+
+
+def test_a_sweep_asking_for_int8_measures_each_architectures_int8_file_too(write):
+    """``search.serving_cost: int8`` (or a constraint or objective on an int8 cost): each
+    architecture's int8 file, calibrated on noise, is measured beside its float one: a quarter
+    of the size or less (int8 weights), and its latency timed the same way."""
+    from detsweep.sweeps import load_sweep
+    from detsweep.sweeps.serving import measure_architectures
+
+    from .conftest import REPO
+
+    sweep = load_sweep(write("sweep.yaml", f"""
+name: int8-cost
+base:
+  from: {REPO / "configs" / "quickstart.yaml"}
+  data: {{train: {{num_images: 8}}, val: {{num_images: 8}}}}
+  model: {{image_size: 64}}
+search:
+  constraints: ["serve/int8_latency_ms <= 1000"]
+  space:
+    model.head_conv_layers: {{values: [0]}}
+"""))
+    assert sweep.search.measures_int8
+    said = []
+    [cost] = measure_architectures(sweep, said.append).values()
+    assert set(cost) == {"serve/latency_ms", "serve/size_mb", "serve/params", "serve/int8_latency_ms",
+                         "serve/int8_size_mb"}
+    assert 0 < cost["serve/int8_size_mb"] <= cost["serve/size_mb"] / 3.5 and cost["serve/int8_latency_ms"] > 0
+    assert said[0].startswith("serving cost of model.head_conv_layers=0: ") and "; int8 " in said[0], said

@@ -217,6 +217,29 @@ MUTATIONS = "    mutations: {optimizer.moving_average_decay: {values: [0.99, 0.9
      "search.scheduler.mode: found None, expected scheduler.metric and scheduler.mode together"),
     ("  scheduler: {metric: train/loss, mode: min}\n", [],
      "search.scheduler.metric: found 'train/loss', expected nothing with scheduler fifo (it stops no trial)"),
+    # multi-objective sweeps: what they rank on must be reported, constraints known before training
+    ("  objectives: [{metric: eval/AP_best, mode: max}, {metric: serve/latncy_ms, mode: min}]\n", [],
+     "search.objectives[1].metric: found 'serve/latncy_ms', expected a metric training reports or a serving cost: "),
+    ("  objectives: [{metric: eval/AP_best, mode: max}, {metric: eval/AP_tiny, mode: max}]\n", [],
+     "search.objectives[1].metric: found 'eval/AP_tiny', expected a metric training reports or a serving cost: "),
+    ("  constraints: ['serve/latncy_ms <= 20']\n", [],
+     "search.constraints[0]: found 'serve/latncy_ms', expected a serving cost, known before training: serve/latency_ms, "
+     "serve/size_mb, serve/params, serve/int8_latency_ms, serve/int8_size_mb (did you mean 'serve/latency_ms'?)"),
+    ("  constraints: ['eval/AP_best >= 0.2']\n", [],
+     "search.constraints[0]: found 'eval/AP_best', expected a serving cost, known before training"),
+    ("  constraints: ['serve/latency_ms at most 20']\n", [],
+     "search.constraints[0]: found 'serve/latency_ms at most 20', expected METRIC OP NUMBER with OP one of <=, <, >=, >"),
+    ("  objectives: [{metric: eval/AP_best, mode: max}, {metric: serve/latency_ms, mode: min}]\n"
+     "  scheduler: {type: pbt, perturbation_interval: 200, mutations: {optimizer.moving_average_decay: {values: [0.9]}}}\n",
+     [], "search.scheduler.type: found 'pbt', expected fifo or asha with objectives (asha ranks each rung by "
+         "non-dominated sort; pbt ranks one metric)"),
+    ("  objectives: [{metric: eval/AP_best, mode: max}, {metric: serve/latency_ms, mode: min}]\n"
+     "  scheduler: {type: asha, metric: eval/loss, mode: min}\n", [],
+     "search.scheduler.metric: found 'eval/loss', expected nothing with objectives"),
+    ("  metric: eval/AP50\n  objectives: [{metric: eval/AP_best, mode: max}, {metric: serve/latency_ms, mode: min}]\n",
+     [], "search.metric: found 'eval/AP50', expected one of the objectives with its mode"),
+    ("  objectives: [{metric: eval/AP_best, mode: max}]\n", [],
+     "search.objectives: found ['eval/AP_best'], expected two or more different metrics"),
     # the cadence that matters is the scheduler's metric's: train/loss at every loop, not AP at every evaluation
     ("  scheduler: {type: asha, grace_period: 100, metric: train/loss, mode: min}\n",
      ["base.train.steps_per_loop=600", "base.train.eval_every=600", "base.train.checkpoint_every=600"],
@@ -459,14 +482,17 @@ def test_a_results_folder_this_machine_cannot_make_is_one_line_before_anything_s
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # no MLflow, no log, nothing
 
 
-def test_serving_cost_refuses_a_distribution_over_an_architecture_field(write):
-    """It measures every architecture the space holds before the trials start: a finite set."""
-    path = sweep_file(write, "  serving_cost: true\n  space:\n"
+@pytest.mark.parametrize("asks", ["serving_cost: true", "constraints: ['serve/latency_ms <= 20']",
+                                  "objectives: [{metric: eval/AP_best, mode: max}, {metric: serve/size_mb, mode: min}]"])
+def test_serving_cost_refuses_a_distribution_over_an_architecture_field(write, asks):
+    """It measures every architecture the space holds before the trials start: a finite set.
+    A constraint or an objective on a serving cost measures them too."""
+    path = sweep_file(write, f"  {asks}\n  space:\n"
                              "    model.image_size: {distribution: q_uniform, min: 64, max: 256, q: 32}\n")
     with pytest.raises(DetsweepError) as caught:
         load_sweep(path)
     assert str(caught.value) == (f"{path}: search.space.model.image_size: found a distribution, expected values or a "
-                                 "grid (search.serving_cost measures each architecture the space holds before the "
+                                 "grid (the serving cost of each architecture the space holds is measured before the "
                                  "trials start)")
     path = sweep_file(write, "  serving_cost: true\n  space:\n    model.image_size: {values: [64, 128]}\n"
                              "    optimizer.learning_rate.learning_rate_base: {distribution: uniform, min: 0.01, max: 0.1}\n")

@@ -154,17 +154,7 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(trained_sweep):
     at_rung = {t["trial_id"]: rows[t["trial_id"]][0]["eval/loss"] for t in (first, second)}
     assert at_rung[second["trial_id"]] > at_rung[first["trial_id"]], at_rung  # what ASHA saw: the rule's reason
     assert (first["status"], second["status"]) == ("TERMINATED", "STOPPED"), at_rung
-    runs = check_mlflow_runs(report, num_steps=150, every=25, eval_every=75, registered=False)
-    # search.serving_cost: the one architecture measured once, before the trials, on every report
-    # Tune heard and on every trial's run at step 0
-    costs = {tuple(sorted((k, v) for k, v in row.items() if k.startswith("serve/")))
-             for trial in (first, second) for row in rows[trial["trial_id"]]}
-    assert len(costs) == 1, costs
-    cost = dict(next(iter(costs)))
-    assert set(cost) == {"serve/latency_ms", "serve/size_mb", "serve/params"} and cost["serve/latency_ms"] > 0
-    assert cost["serve/params"] > 10**6 and cost["serve/size_mb"] > 1
-    for run in runs.values():
-        assert {k: run.data.metrics[k] for k in cost} == pytest.approx(cost)
+    check_mlflow_runs(report, num_steps=150, every=25, eval_every=75, registered=False)
 
 
 def saved_trials(experiment: Path) -> dict[str, tuple[str, int]]:

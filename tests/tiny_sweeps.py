@@ -56,7 +56,7 @@ def launch_json(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tup
 
 
 LAUNCH_KEYS = {"name", "path", "metric", "mode", "trials", "best", "mlflow", "cost"}
-TRIAL_KEYS = {"trial_id", "status", "metrics", "config", "checkpoint", "error", "mlflow_run_id", "cost"}
+TRIAL_KEYS = {"trial_id", "status", "metrics", "config", "checkpoint", "error", "infeasible", "mlflow_run_id", "cost"}
 MLFLOW_KEYS = {"tracking_uri", "experiment_id", "parent_run_id", "registered_model"}
 REGISTERED_KEYS = {"name", "version", "model_uri", "champion"}
 COST_KEYS = {"cost/cpu_hours", "cost/gpu_hours"}
@@ -64,7 +64,9 @@ COST_KEYS = {"cost/cpu_hours", "cost/gpu_hours"}
 
 def check_launch_keys(report: dict) -> None:
     """The keys of ``launch --json``, no more and no fewer (README, ``detsweep launch``)."""
-    assert set(report) == LAUNCH_KEYS and set(report["cost"]) == COST_KEYS, sorted(report)
+    multi_objective = "pareto" in report  # a sweep with search.objectives: its front too
+    assert set(report) == LAUNCH_KEYS | ({"pareto"} if multi_objective else set()), sorted(report)
+    assert set(report["cost"]) == COST_KEYS, sorted(report["cost"])
     for trial in report["trials"] + ([report["best"]] if report["best"] else []):
         assert set(trial) == TRIAL_KEYS and set(trial["cost"]) == COST_KEYS, sorted(trial)
     assert set(report["mlflow"]) == MLFLOW_KEYS, sorted(report["mlflow"])

@@ -14,6 +14,12 @@ TRAINING = ("train/loss", "train/box_loss", "train/classification_loss", "train/
 LOSSES = ("loss", "box_loss", "classification_loss")
 
 
+# What each architecture costs to serve, measured before the trials (``sweeps/serving.py``);
+# its int8 file's too when the sweep asks (``search.serving_cost: int8``).
+SERVING = ("serve/latency_ms", "serve/size_mb", "serve/params")
+SERVING_INT8 = ("serve/int8_latency_ms", "serve/int8_size_mb")
+
+
 def reported_metrics(config: TrialConfig) -> list[str]:
     """Every loop's metrics, then (with a val set) every evaluation's, COCO's and the loss terms:
     the raw weights', the moving average's when there is one, and ``eval/AP_best``, the better

@@ -65,11 +65,11 @@ def signature():
 
 
 def register_best(link: RunLink, name: str, best: dict[str, Any], checkpoint: str, metric: str,
-                  mode: str) -> dict[str, Any]:
-    """Log ``checkpoint`` (the best trial's best READY checkpoint in MLflow, ``models:/…``) as
-    a model in the trial's own run (``best["mlflow_run_id"]``) and register it under ``name``,
-    the averaged weights when they scored better; the new version becomes the ``champion``
-    unless the champion scored better on ``metric``."""
+                  mode: str, tags: dict[str, str] | None = None, crown: bool = True) -> dict[str, Any]:
+    """Log ``checkpoint`` (a trial's best READY checkpoint in MLflow, ``models:/…``) as a model
+    in the trial's own run (``best["mlflow_run_id"]``) and register it under ``name`` with
+    ``tags``, the averaged weights when they scored better; with ``crown`` (the sweep's best
+    trial), the new version becomes the ``champion`` unless the champion scored better on ``metric``."""
     run_id = best["mlflow_run_id"]
     use_average = best["metrics"].get("eval_ema/AP", -1.0) >= best["metrics"].get("eval/AP", -1.0)
     mlflow.set_tracking_uri(link.uri)
@@ -88,9 +88,11 @@ def register_best(link: RunLink, name: str, best: dict[str, Any], checkpoint: st
     score = float(best["metrics"][metric])
     version = mlflow.register_model(info.model_uri, name, tags={
         "source_run_id": run_id, "source_checkpoint": checkpoint, "moving_average": str(use_average).lower(),
-        "metric": metric, "mode": mode, "score": repr(score)})
-    champion = crown_if_better(mlflow.MlflowClient(link.uri), name, version.version, metric, mode, score)
-    return {"name": name, "version": int(version.version), "model_uri": info.model_uri, "champion": int(champion)}
+        "metric": metric, "mode": mode, "score": repr(score), **(tags or {})})
+    client = mlflow.MlflowClient(link.uri)
+    champion = crown_if_better(client, name, version.version, metric, mode, score) if crown else None
+    return {"name": name, "version": int(version.version), "model_uri": info.model_uri,
+            "champion": int(champion) if champion else None}
 
 
 def crown_if_better(client, name: str, version: str, metric: str, mode: str, score: float) -> str:

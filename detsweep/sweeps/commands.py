@@ -198,7 +198,28 @@ def sweep_summary(report: dict[str, Any], as_json: bool, out: TextIO) -> int:
     for trial in errored:
         full = f"{report['path'].rstrip('/')}/trial_{trial['trial_id']}/error.txt"  # a bucket's URI keeps its //
         print(f"detsweep: trial {trial['trial_id']} failed: {trial['error']} (full log: {full})", file=console.err())
+    infeasible = [trial for trial in report["trials"] if trial["status"] == TrialStatus.INFEASIBLE]
+    if report["trials"] and len(infeasible) == len(report["trials"]):
+        reasons = sorted({trial["infeasible"] for trial in infeasible})
+        print(f"detsweep: no trial met search.constraints, so none was trained: {'; '.join(reasons)}",
+              file=console.err())
+        return 1
     return 1 if errored else 0
+
+
+def format_front(pareto: dict[str, Any]) -> list[str]:
+    """The Pareto front: each trial on it with its objectives, best first on the first."""
+    objectives = [o["metric"] for o in pareto["objectives"]]
+    reference = ", ".join(f"{pareto['reference'][m]:.4g}" for m in objectives)
+    over = ", ".join(f"{o['metric']} ({o['mode']})" for o in pareto["objectives"])
+    lines = [f"Pareto front over {over}: "
+             f"{len(pareto['trials'])} of {pareto['candidates']} trial(s) trained to the end, hypervolume "
+             f"{pareto['hypervolume']:.4g} up to ({reference})"]
+    for member in pareto["trials"]:
+        values = ", ".join(f"{m} {member['values'][m]:.4g}" for m in objectives)
+        swept = ", ".join(f"{k}={v}" for k, v in member["swept"].items())
+        lines.append(f"  {member['place']}: trial {member['trial_id']}: {values}  ({swept})")
+    return lines
 
 
 def format_trials(report: dict[str, Any], metric: str) -> str:
@@ -214,6 +235,8 @@ def format_trials(report: dict[str, Any], metric: str) -> str:
                          if key != metric and isinstance(best["metrics"].get(key), (int, float)))
         lines += ["", f"best trial {best['trial_id']}: {metric} = {best['metrics'].get(metric)}" + (f" ({also})" if also else ""),
                   f"  config: {best['config']}", f"  checkpoint: {best['checkpoint']}"]
+    if report.get("pareto"):
+        lines += ["", *format_front(report["pareto"])]
     cost = report["cost"]
     lines.append(f"cost: {cost['cost/cpu_hours']:.3g} CPU-hours, {cost['cost/gpu_hours']:.3g} GPU-hours "
                  "(what the trials' workers held while they ran)")

@@ -21,7 +21,7 @@ from detsweep.cluster import RAY_RESULTS
 from detsweep.config import ScalingConfig
 from detsweep.errors import DetsweepError, failure_reason
 from detsweep.tracking.sweep_run import TrialStatus
-from detsweep.trainables.trial import swept_values
+from detsweep.trainables.trial import INFEASIBLE, swept_values
 
 from .space import swept_paths
 from .spec import Sweep, load_sweep
@@ -102,6 +102,7 @@ class TrialOutcome:
     checkpoint: str | None  # the trial's best checkpoint by the sweep's metric
     error: str | None
     cost: dict[str, float]  # cost/cpu_hours, cost/gpu_hours: what its workers held, for as long as it ran
+    infeasible: str | None = None  # the constraints its architecture breaks: it was never trained
 
 
 def trial_cost(seconds: float, scaling: ScalingConfig) -> dict[str, float]:
@@ -122,11 +123,13 @@ def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
     rows = []
     for trial, result in zip(analysis.trials, ResultGrid(analysis)):
         metrics = {k: v for k, v in (trial.last_result or {}).items() if "/" in k or k == "step"}
+        infeasible = (trial.last_result or {}).get(INFEASIBLE)
         rows.append(TrialOutcome(
-            trial.trial_id, TrialStatus.of(trial.status, metrics.get("step", 0), sweep.base.train.num_steps), metrics,
+            trial.trial_id, TrialStatus.of(trial.status, metrics.get("step", 0), sweep.base.train.num_steps,
+                                           bool(infeasible)), metrics,
             swept_values(trial.config, paths), _best_checkpoint(result, sweep),
             failure_reason(trial.get_error()) if trial.status == TrialStatus.ERROR else None,
-            trial_cost(float((trial.last_result or {}).get("time_total_s", 0.0)), sweep.base.scaling),
+            trial_cost(float((trial.last_result or {}).get("time_total_s", 0.0)), sweep.base.scaling), infeasible,
         ))
     sign = -1 if sweep.search.mode == "max" else 1
 

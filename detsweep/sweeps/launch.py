@@ -52,6 +52,8 @@ def validation_report(sweep: Sweep, capacity: Capacity, strict: bool = True, on_
         "space": {path: parameter.model_dump(exclude_none=True) for path, parameter in space.items()},
         "algorithm": sweep.search.algorithm,
         "scheduler": sweep.search.scheduler.type,
+        "ranked_on": [f"{o.metric} ({o.mode})" for o in sweep.search.ranked_on],
+        "constraints": sweep.search.constraints,
         "trials": trials,
         "grid_points": len(grid),
         "grid_points_that_cannot_train": [{"point": point, "reason": reason}
@@ -133,7 +135,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
     # before any trial: no training beside the measurements
-    serving = measure_architectures(sweep, console.say) if sweep.search.serving_cost else None
+    serving = measure_architectures(sweep, console.say) if sweep.search.measures_serving else None
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps, capacity=capacity)
     try:
         build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])], serving=serving).fit()
@@ -168,29 +170,71 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
 
 
 def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
-    """The summary, with each trial's MLflow run; the parent run closed; the best registered."""
-    from detsweep.export.registry import register_best  # imports mlflow.pyfunc: only at a sweep's end
+    """The summary, with each trial's MLflow run; the parent run closed; the best registered,
+    and with objectives, the Pareto front (on the parent run, each of its models registered)."""
     from detsweep.tracking import close_sweep_run
 
     from .space import swept_paths
 
     report = summary(path, sweep)
     remove_run_folders(storage_path(sweep), f"{sweep.name}-train-")  # those of trials stopped mid-run
-    run_ids = close_sweep_run(link, report, swept_paths(sweep))
+    front = pareto_of(report, sweep)
+    run_ids = close_sweep_run(link, report, swept_paths(sweep), front)
     for trial in report["trials"]:
         trial["mlflow_run_id"] = run_ids.get(trial["trial_id"])
-    best = report["best"]
-    registered = None
-    checkpoint = best_in_mlflow(link, best, sweep) if register and best and best["mlflow_run_id"] else None
-    if checkpoint:
-        with console.working(f"registering trial {best['trial_id']}'s model in MLflow"):
-            registered = register_best(link, sweep.name, best, checkpoint, sweep.search.metric, sweep.search.mode)
-        crowned = "the champion" if registered["champion"] == registered["version"] else \
-            f"version {registered['champion']} stays the champion (it scored better)"
-        console.say(f"MLflow: registered {registered['name']} version {registered['version']}, {crowned}")
+    if sweep.search.objectives:
+        front = front.with_runs(run_ids) if front else None
+        report["pareto"] = front.to_dict() if front else None
     report["mlflow"] = {"tracking_uri": link.uri, "experiment_id": link.experiment_id,
-                        "parent_run_id": link.parent_run_id, "registered_model": registered}
+                        "parent_run_id": link.parent_run_id, "registered_model": None}
+    if register:
+        report["mlflow"]["registered_model"] = register_models(report, sweep, link, front)
     return report
+
+
+def pareto_of(report: dict[str, Any], sweep: Sweep):
+    """The Pareto front of the trials trained to the end (within the constraints: the others were
+    never trained), over the sweep's objectives; None without objectives or such trials."""
+    from detsweep.tracking.front import Candidate, pareto_front
+
+    if not sweep.search.objectives:
+        return None
+    metrics = [o.metric for o in sweep.search.objectives]
+    candidates = [Candidate(t["trial_id"], None, t["config"], {m: float(t["metrics"][m]) for m in metrics})
+                  for t in report["trials"] if t["status"] == TrialStatus.TERMINATED
+                  and all(isinstance(t["metrics"].get(m), (int, float)) for m in metrics)]
+    references = {o.metric: o.reference for o in sweep.search.objectives}
+    return pareto_front(candidates, sweep.search.ranked_on, references)
+
+
+def register_models(report: dict[str, Any], sweep: Sweep, link, front) -> dict[str, Any] | None:
+    """The best trial's model, crowned ``champion`` unless an earlier sweep's scored better;
+    each model on the front too, tagged with its place there. Returns the best's registration."""
+    from detsweep.export.registry import register_best  # imports mlflow.pyfunc: only at a sweep's end
+
+    best, search = report["best"], sweep.search
+    on_front = {member.trial_id: front.place(member.trial_id) for member in front.front} if front else {}
+    registered = None
+    trials = {trial["trial_id"]: trial for trial in report["trials"]}
+    for trial_id in ([best["trial_id"]] if best else []) + [t for t in on_front if not best or t != best["trial_id"]]:
+        trial = trials[trial_id]
+        checkpoint = best_in_mlflow(link, trial, sweep) if trial["mlflow_run_id"] else None
+        if not checkpoint:
+            continue
+        tags = {"pareto_place": on_front[trial_id], "pareto_objectives": ", ".join(
+            f"{o.metric} {o.mode}" for o in search.objectives)} if trial_id in on_front else {}
+        is_best = best is not None and trial_id == best["trial_id"]
+        with console.working(f"registering trial {trial_id}'s model in MLflow"):
+            done = register_best(link, sweep.name, trial, checkpoint, search.metric, search.mode, tags, crown=is_best)
+        where = f", place {on_front[trial_id]} on the Pareto front" if trial_id in on_front else ""
+        if is_best:
+            registered = done
+            crowned = "the champion" if done["champion"] == done["version"] else \
+                f"version {done['champion']} stays the champion (it scored better)"
+            console.say(f"MLflow: registered {done['name']} version {done['version']}{where}, {crowned}")
+        else:
+            console.say(f"MLflow: registered {done['name']} version {done['version']}{where}")
+    return registered
 
 
 def best_in_mlflow(link, best: dict[str, Any], sweep: Sweep) -> str | None:

@@ -17,7 +17,7 @@ from ray import tune
 from detsweep import console
 from detsweep.errors import failure_reason
 from detsweep.tracking.sweep_run import TrialStatus
-from detsweep.trainables.trial import swept_values
+from detsweep.trainables.trial import INFEASIBLE, swept_values
 
 from .resources import Capacity, nodes_wanted
 
@@ -181,7 +181,8 @@ class SweepProgress(tune.Callback):
 
     def _status(self, trial) -> str:
         """As the sweep's final table says it: a trial ended before ``num_steps`` is ``STOPPED``."""
-        return str(TrialStatus.of(trial.status, trial.last_result.get("step", 0), self.num_steps))
+        return str(TrialStatus.of(trial.status, trial.last_result.get("step", 0), self.num_steps,
+                                  bool(trial.last_result.get(INFEASIBLE))))
 
     def rows(self, trials) -> tuple[list[str], list[list[str]]]:
         headers = ["trial", "status", "step", self.metric] + [path.rsplit(".", 1)[-1] for path in self.paths]

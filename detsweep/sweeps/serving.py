@@ -46,10 +46,11 @@ def measure_architectures(sweep: Sweep, say=print) -> dict[str, dict[str, float]
     for config in configs:
         key = architecture_key(config.model, config.model.num_classes or 0)
         if key not in costs:
-            cost = serving_cost(config.model, classes)
+            cost = serving_cost(config.model, classes, int8=sweep.search.measures_int8)
             costs[key] = cost.metrics()
+            int8 = f"; int8 {cost.int8[0]:.1f} ms, {cost.int8[1]:.1f} MB" if cost.int8 else ""
             say(f"serving cost of {describe(config, sweep)}: {cost.latency_ms:.1f} ms, {cost.size_mb:.1f} MB, "
-                f"{cost.params:,} parameters")
+                f"{cost.params:,} parameters{int8}")
     return costs
 
 

@@ -30,7 +30,8 @@ from detsweep.config.loader import (
 )
 from detsweep.config.schema import ModelConfig, Section, TrainConfig, invalid
 from detsweep.errors import DetsweepError
-from detsweep.evaluation.metrics import reported_metrics
+from detsweep.evaluation.metrics import SERVING, SERVING_INT8, reported_metrics
+from detsweep.evaluation.objectives import Constraint, Objective
 
 from .space import Parameter, grid_points
 
@@ -56,9 +57,21 @@ class SchedulerSpec(Section):
         return self.type in ("hyperband", "halving")
 
 
+class ObjectiveSpec(Section):
+    metric: str
+    mode: Literal["max", "min"]
+    reference: float | None = Field(None, description="the front's hypervolume is measured up to this value "
+                                                      "(default: the worst among the trials trained to the end)")
+
+
 class SearchSpec(Section):
-    metric: str = "eval/AP_best"
+    metric: str = Field("eval/AP_best", description="what the best trial (the champion) is chosen by; with "
+                                                    "objectives, one of them (default: the first training reports)")
     mode: Literal["max", "min"] = "max"
+    objectives: list[ObjectiveSpec] = Field(default_factory=list, description="two or more metrics: the sweep "
+                                            "hands back the trials on their Pareto front")
+    constraints: list[str] = Field(default_factory=list, description='bounds on what serving costs ("serve/latency_ms '
+                                   '<= 20"): a trial whose architecture breaks one is recorded and never trained')
     num_samples: int = Field(4, gt=0, description="trials to sample (per grid point with a grid)")
     max_concurrent_trials: int | None = Field(None, gt=0, description="None: as many as the cluster fits")
     time_budget_s: float | None = Field(None, gt=0)
@@ -67,8 +80,43 @@ class SearchSpec(Section):
     scheduler: SchedulerSpec = SchedulerSpec()
     include: list[str] = Field(default_factory=list, description="space files, relative to the sweep file")
     space: dict[str, Parameter] = Field(default_factory=dict)
-    serving_cost: bool = Field(False, description="measure each architecture the space holds before the trials "
-                                                  "start: serve/latency_ms, serve/size_mb, serve/params on every trial")
+    serving_cost: bool | Literal["int8"] = Field(False, description="measure each architecture the space holds "
+                                                 "before the trials start: serve/latency_ms, serve/size_mb, serve/params "
+                                                 "on every trial (int8: serve/int8_latency_ms, serve/int8_size_mb too)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metric_of_the_objectives(cls, fields: Any) -> Any:
+        """With objectives and no ``metric``, the champion is chosen by the first that training
+        reports (the serving costs are known before it)."""
+        if isinstance(fields, dict) and isinstance(fields.get("objectives"), list) and "metric" not in fields:
+            trained = [o for o in fields["objectives"] if isinstance(o, dict) and not str(o.get("metric")).startswith("serve/")]
+            if trained:
+                fields = {**fields, "metric": trained[0].get("metric"), "mode": trained[0].get("mode")}
+        return fields
+
+    @property
+    def ranked_on(self) -> list[Objective]:
+        """What trials are ranked on: the objectives, or the one metric."""
+        return [Objective(o.metric, o.mode) for o in self.objectives] or [Objective(self.metric, self.mode)]
+
+    @property
+    def bounds(self) -> list[Constraint]:
+        return [Constraint.parse(text, f"search.constraints[{i}]") for i, text in enumerate(self.constraints)]
+
+    @property
+    def measures_serving(self) -> bool:
+        """Whether each architecture's serving cost is measured before the trials start: asked
+        for, or needed by a constraint or an objective."""
+        return bool(self.serving_cost) or any(metric.startswith("serve/") for metric in self._named())
+
+    @property
+    def measures_int8(self) -> bool:
+        """Whether the int8 file of each architecture is measured too."""
+        return self.serving_cost == "int8" or any(metric in SERVING_INT8 for metric in self._named())
+
+    def _named(self) -> list[str]:
+        return [c.metric for c in self.bounds] + [o.metric for o in self.objectives]
 
     @property
     def decided_by(self) -> tuple[str, str]:
@@ -98,6 +146,7 @@ class SearchSpec(Section):
         if self.algorithm == "grid" and not has_grid:
             raise invalid("algorithm", self.algorithm, "a space with at least one grid parameter")
         scheduler = self.scheduler
+        self._objectives_fit()
         if scheduler.type == "fifo" and (scheduler.metric or scheduler.mode):
             raise invalid("scheduler.metric", scheduler.metric, "nothing with scheduler fifo (it stops no trial)")
         if (scheduler.metric is None) != (scheduler.mode is None):
@@ -110,6 +159,27 @@ class SearchSpec(Section):
             if path in self.space and self.space[path].is_grid:
                 raise invalid(f"space.{path}", "a grid", "values or a distribution (PBT mutates this path, a grid point cannot change)")
         return self
+
+    def _objectives_fit(self) -> None:
+        for i, text in enumerate(self.constraints):
+            try:
+                Constraint.parse(text, "")
+            except DetsweepError as error:
+                raise invalid(f"constraints[{i}]", text, str(error).split("expected ", 1)[1]) from None
+        if not self.objectives:
+            return
+        metrics = [o.metric for o in self.objectives]
+        if len(metrics) < 2 or len(set(metrics)) < len(metrics):
+            raise invalid("objectives", metrics, "two or more different metrics (one: search.metric and search.mode)")
+        if (self.metric, self.mode) not in [(o.metric, o.mode) for o in self.objectives]:
+            raise invalid("metric", self.metric, f"one of the objectives with its mode ({', '.join(metrics)}): the "
+                                                 "champion is the best trial on it")
+        if self.scheduler.type not in ("fifo", "asha"):
+            raise invalid("scheduler.type", self.scheduler.type, "fifo or asha with objectives (asha ranks each rung "
+                                                                 f"by non-dominated sort; {self.scheduler.type} ranks one metric)")
+        if self.scheduler.metric:
+            raise invalid("scheduler.metric", self.scheduler.metric, "nothing with objectives (asha ranks its rungs "
+                                                                     "on every objective)")
 
 
 class SweepFile(Section):
@@ -147,6 +217,7 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> Sweep:
     base = validate(TrialConfig, spec.base, source=f"{path}: base")
     _check_space(spec, path)
     _check_reports_carry_the_metric(base, path, spec.search.metric)
+    _check_objectives_are_known(spec.search, base, path)
     if spec.search.scheduler.metric:
         _check_reports_carry_the_metric(base, path, spec.search.scheduler.metric, "search.scheduler.metric")
     _check_the_scheduler_fits(spec.search, base.train, path)
@@ -187,9 +258,9 @@ def _check_space(spec: SweepFile, path: Path) -> None:
     for dotted, parameter in parameters.items():
         where = f"search.space.{dotted}" if dotted in spec.search.space else f"search.scheduler.mutations.{dotted}"
         _check_field_exists(dotted, where, path)
-        if spec.search.serving_cost and is_architecture(dotted) and parameter.distribution:
-            raise DetsweepError(f"{path}: {where}: found a distribution, expected values or a grid (search.serving_cost "
-                                "measures each architecture the space holds before the trials start)")
+        if spec.search.measures_serving and is_architecture(dotted) and parameter.distribution:
+            raise DetsweepError(f"{path}: {where}: found a distribution, expected values or a grid (the serving cost "
+                                "of each architecture the space holds is measured before the trials start)")
         for value in _candidates(parameter):
             tree = copy.deepcopy(spec.base)
             set_path(tree, dotted, value)
@@ -238,6 +309,21 @@ def _check_reports_carry_the_metric(base: TrialConfig, path: Path, metric: str, 
     if metric not in known:
         raise DetsweepError(f"{path}: {field}: found {metric!r}, expected a metric training reports: "
                             f"{', '.join(known)}{did_you_mean(metric, known)}")
+
+
+def _check_objectives_are_known(search: SearchSpec, base: TrialConfig, path: Path) -> None:
+    """Every objective is reported (by training, or measured before it), and every constraint is
+    on what serving costs: it is checked before a trial trains."""
+    known = reported_metrics(base) + list(SERVING) + list(SERVING_INT8)
+    for i, objective in enumerate(search.objectives):
+        if objective.metric not in known:
+            raise DetsweepError(f"{path}: search.objectives[{i}].metric: found {objective.metric!r}, expected a metric "
+                                f"training reports or a serving cost: {', '.join(known)}{did_you_mean(objective.metric, known)}")
+    serving = [*SERVING, *SERVING_INT8]
+    for i, constraint in enumerate(search.bounds):
+        if constraint.metric not in serving:
+            raise DetsweepError(f"{path}: search.constraints[{i}]: found {constraint.metric!r}, expected a serving cost, "
+                                f"known before training: {', '.join(serving)}{did_you_mean(constraint.metric, serving)}")
 
 
 def grid_of(sweep: Sweep) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from detsweep.trainables.trial import ending_on_stop, run_trial
 
 from . import rungs
 from .experiment import storage_path
+from .pareto_asha import ParetoASHA
 from .resources import TRIAL_DRIVER
 from .retention import KeepCheckpoints
 from .space import swept_paths
@@ -35,7 +36,8 @@ def param_space(sweep: Sweep, tracking: RunLink, serving: dict[str, dict[str, fl
     for dotted, parameter in sweep.search.space.items():
         if not parameter.is_grid:
             set_path(tree, dotted, parameter.domain())
-    search = {"metric": sweep.search.metric, "mode": sweep.search.mode, "swept": swept_paths(sweep)}
+    search = {"metric": sweep.search.metric, "mode": sweep.search.mode, "swept": swept_paths(sweep),
+              "objectives": [o.metric for o in sweep.search.ranked_on], "constraints": sweep.search.constraints}
     space: dict[str, Any] = {"trial": tree, "search": search, "storage": storage_path(sweep),
                              "tracking": tracking.to_dict()}
     if points := grid_of(sweep):
@@ -66,8 +68,11 @@ def search_and_scheduler(sweep: Sweep, max_concurrent: int):
 def searcher(sweep: Sweep, max_concurrent: int):
     """Optuna's TPE (seeded), BOHB (seeded) or Tune's random/grid generator."""
     search = sweep.search
-    # A scheduler with a metric of its own takes Tune's metric and mode away: the model-based searchers get the objective here.
+    # A scheduler with a metric of its own, or several objectives, take Tune's metric and mode
+    # away: the model-based searchers get theirs here (Optuna: a list of each, its multi-objective search).
     objective = {"metric": search.metric, "mode": search.mode} if search.scheduler.metric else {}
+    if search.objectives:
+        objective = {"metric": [o.metric for o in search.objectives], "mode": [o.mode for o in search.objectives]}
     if search.algorithm == "bohb":
         from ray.tune.search.bohb import TuneBOHB
 
@@ -85,8 +90,12 @@ def searcher(sweep: Sweep, max_concurrent: int):
 
 
 def scheduler(sweep: Sweep):
-    """FIFO, ASHA or PBT (the pausing ones: :func:`search_and_scheduler`)."""
+    """FIFO, ASHA (on several objectives: :mod:`.pareto_asha`) or PBT (the pausing ones:
+    :func:`search_and_scheduler`)."""
     spec = sweep.search.scheduler
+    if spec.type == "asha" and sweep.search.objectives:
+        return ParetoASHA(sweep.search.ranked_on, max_t=spec.max_t or sweep.base.train.num_steps + 1,
+                          grace_period=spec.grace_period, reduction_factor=spec.reduction_factor)
     if spec.type == "asha":
         # ASHA stops a trial whose step reaches max_t; one past the last step lets a trial
         # that runs to the end finish on its own instead of being killed at its last report.
@@ -146,7 +155,7 @@ def build_tuner(sweep: Sweep, max_concurrent: int, tracking: RunLink, callbacks:
     concurrent = search.max_concurrent_trials or max_concurrent
     # Tune hands its metric and mode to the searcher and the scheduler, and refuses both when
     # the scheduler has its own: then each is given what it decides on (see ``searcher``).
-    objective = (None, None) if search.scheduler.metric else (search.metric, search.mode)
+    objective = (None, None) if search.scheduler.metric or search.objectives else (search.metric, search.mode)
     search_alg, trial_scheduler = search_and_scheduler(sweep, concurrent)
     return tune.Tuner(
         runs or trainable(),

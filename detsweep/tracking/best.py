@@ -7,16 +7,18 @@ are ranked together. The metric and its mode default to those of the latest swee
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from detsweep.errors import DetsweepError
+from detsweep.evaluation.objectives import Objective
 
 from .backend import Backend
 from .checkpoint_models import best_of, checkpoints, model_uri, step_of
 from .provenance import environment_of
-from .trial_run import ROLE_TAG, TRIAL_TAG
+from .trial_run import INFEASIBLE_TAG, ROLE_TAG, TRIAL_TAG
 
 CURVE_METRICS = ("train/", "eval/", "eval_ema/")  # what a learning curve holds (not hparams/, system/, cost/)
 
@@ -89,6 +91,30 @@ def rank_trials(client, name: str, backend: Backend, metric: str | None = None, 
     sign = -1.0 if mode == "max" else 1.0
     ranked.sort(key=lambda row: (row.value is None, sign * row.value if row.value is not None else 0.0))
     return Ranking(name, backend.uri, metric, mode, [sweep.info.run_id for sweep in sweeps], ranked)
+
+
+def front_of(client, name: str, backend: Backend):
+    """The Pareto front over the latest sweep's objectives, drawn from MLflow alone: among the
+    experiment's trials trained to the end (FINISHED, not stopped early, not left untrained by
+    a constraint) that logged every objective."""
+    from .front import Candidate, pareto_front
+    from .sweep_run import OBJECTIVES_TAG
+
+    sweeps, paths, trials = _sweeps_and_trials(client, name, backend)
+    stated = next((json.loads(sweep.data.tags[OBJECTIVES_TAG]) for sweep in sweeps if OBJECTIVES_TAG in sweep.data.tags), None)
+    if stated is None:
+        raise DetsweepError(f"experiment {name!r} at {backend.uri}: no sweep of it has search.objectives, expected a "
+                            "multi-objective sweep for --pareto (rank one metric without it)")
+    objectives = [Objective(o["metric"], o["mode"]) for o in stated]
+    candidates = [Candidate(run.data.tags.get(TRIAL_TAG), run.info.run_id, _swept(run, paths),
+                            {o.metric: run.data.metrics[o.metric] for o in objectives})
+                  for run in trials if _trained_to_the_end(run) and all(_value(run, o.metric) is not None for o in objectives)]
+    return pareto_front(candidates, objectives, {o["metric"]: o.get("reference") for o in stated})
+
+
+def _trained_to_the_end(run) -> bool:
+    tags = run.data.tags
+    return run.info.status == "FINISHED" and tags.get("early_stopped") != "true" and INFEASIBLE_TAG not in tags
 
 
 def recorded_curves(client, name: str, backend: Backend, metrics: list[str]) -> tuple[list[str], list[tuple[dict, list]]]:

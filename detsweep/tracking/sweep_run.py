@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import enum
 import io
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,17 @@ import detsweep
 
 from .backend import Backend
 from .provenance import run_environment_tags
-from .trial_run import PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
+from .trial_run import INFEASIBLE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
 
 RESULTS_TAG = "detsweep.results_path"
+OBJECTIVES_TAG = "detsweep.objectives"
 
 
 
 class TrialStatus(str, enum.Enum):  # noqa: UP042 (StrEnum would change str() of a member)
-    """A trial's state as Tune names it, and ``STOPPED``: ended by the scheduler (or the
-    sweep's time budget) before ``train.num_steps``. Compares equal to its name (JSON)."""
+    """A trial's state as Tune names it, ``STOPPED``: ended by the scheduler (or the sweep's
+    time budget) before ``train.num_steps``, and ``INFEASIBLE``: never trained, its architecture
+    breaks the sweep's constraints. Compares equal to its name (JSON)."""
 
     PENDING = "PENDING"
     RUNNING = "RUNNING"
@@ -32,13 +35,16 @@ class TrialStatus(str, enum.Enum):  # noqa: UP042 (StrEnum would change str() of
     TERMINATED = "TERMINATED"
     STOPPED = "STOPPED"
     ERROR = "ERROR"
+    INFEASIBLE = "INFEASIBLE"
 
     def __str__(self) -> str:
         return self.value
 
     @classmethod
-    def of(cls, tune_status: str, step: int, num_steps: int) -> TrialStatus:
+    def of(cls, tune_status: str, step: int, num_steps: int, infeasible: bool = False) -> TrialStatus:
         """What a trial Tune calls ``tune_status`` is, at ``step`` of a sweep of ``num_steps``."""
+        if infeasible:
+            return cls.INFEASIBLE
         if tune_status == cls.TERMINATED and step < num_steps:
             return cls.STOPPED
         return cls(tune_status)
@@ -46,11 +52,12 @@ class TrialStatus(str, enum.Enum):  # noqa: UP042 (StrEnum would change str() of
     @property
     def finished(self) -> bool:
         """It will not run again: it trained to the end, was stopped, or failed."""
-        return self in (TrialStatus.TERMINATED, TrialStatus.STOPPED, TrialStatus.ERROR)
+        return self in (TrialStatus.TERMINATED, TrialStatus.STOPPED, TrialStatus.ERROR, TrialStatus.INFEASIBLE)
 
 
 # How a trial's outcome ends its MLflow run.
-RUN_STATUS = {TrialStatus.TERMINATED: "FINISHED", TrialStatus.STOPPED: "KILLED", TrialStatus.ERROR: "FAILED"}
+RUN_STATUS = {TrialStatus.TERMINATED: "FINISHED", TrialStatus.STOPPED: "KILLED", TrialStatus.ERROR: "FAILED",
+              TrialStatus.INFEASIBLE: "FINISHED"}
 
 
 def experiment_id(client, name: str, backend: Backend) -> str:
@@ -99,6 +106,8 @@ def sweep_tags(sweep, results_path: str) -> dict[str, str]:
     tags = {ROLE_TAG: "sweep", "detsweep.sweep": sweep.name, RESULTS_TAG: results_path,
             "detsweep.algorithm": sweep.search.algorithm, "detsweep.scheduler": sweep.search.scheduler.type,
             "detsweep.version": detsweep.__version__} | run_environment_tags()
+    if sweep.search.objectives:  # what ``detsweep best --pareto`` draws the front over
+        tags[OBJECTIVES_TAG] = json.dumps([o.model_dump() for o in sweep.search.objectives])
     commit = git_commit(sweep.path.parent)
     if commit:
         tags["mlflow.source.git.commit"] = commit
@@ -131,9 +140,11 @@ def trial_runs(client, link: RunLink) -> dict[str, Any]:
     return {run.data.tags[TRIAL_TAG]: run for run in runs if TRIAL_TAG in run.data.tags}
 
 
-def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str], front=None) -> dict[str, Any]:
     """Mirror every trial's end onto its run, then log the sweep's results on the parent:
-    ``best/*`` metrics, ``trials.csv`` and ``sweep.png``. Returns ``{trial_id: run_id}``."""
+    ``best/*`` metrics, ``trials.csv`` and ``sweep.png``, and a multi-objective sweep's Pareto
+    ``front`` (:mod:`.front`): ``pareto.csv``, ``pareto.png``, ``pareto/hypervolume``. Returns
+    ``{trial_id: run_id}``."""
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
@@ -155,6 +166,11 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str]) -> 
     run_ids = {trial_id: run.info.run_id for trial_id, run in runs.items()}
     client.log_text(link.parent_run_id, trials_csv(report, paths, run_ids), "trials.csv")
     client.log_figure(link.parent_run_id, sweep_figure(client, report, paths, run_ids), "sweep.png")
+    if front is not None:
+        front = front.with_runs(run_ids)
+        client.log_text(link.parent_run_id, front.csv(), "pareto.csv")
+        client.log_figure(link.parent_run_id, front.figure(), "pareto.png")
+        client.log_metric(link.parent_run_id, "pareto/hypervolume", front.hypervolume)
     errored = sum(trial["status"] == TrialStatus.ERROR for trial in report["trials"])
     client.set_tag(link.parent_run_id, "detsweep.errored_trials", str(errored))
     client.set_terminated(link.parent_run_id, "FINISHED")
@@ -170,6 +186,8 @@ def end_trial_run(client, run, trial: dict[str, Any]) -> None:
     client.log_batch(run_id, metrics=[Metric(k, v, 0, step) for k, v in trial["cost"].items()])
     if status == "KILLED":
         client.set_tag(run_id, "early_stopped", "true")
+    if trial.get("infeasible") and INFEASIBLE_TAG not in run.data.tags:  # its own write was lost
+        client.set_tag(run_id, INFEASIBLE_TAG, trial["infeasible"])
     if status == "FAILED" and trial.get("error") and "detsweep.error" not in run.data.tags:
         client.set_tag(run_id, "detsweep.error", trial["error"][:5000])
     if run.info.status != status:

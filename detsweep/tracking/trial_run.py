@@ -46,6 +46,7 @@ ROLE_TAG = "detsweep.role"
 PARENT_TAG = "mlflow.parentRunId"
 METRIC_TAG, MODE_TAG = "detsweep.metric", "detsweep.mode"  # what ranks the run's checkpoints
 REPLAYED_TAG = "detsweep.replayed_steps"
+INFEASIBLE_TAG = "detsweep.infeasible"  # why a trial was never trained: the constraints its architecture breaks
 WORKER_FAILURES_TAG = "detsweep.worker_failures"
 MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limit
 
@@ -219,6 +220,10 @@ class TrialRun:
         if checkpoint is not None:
             copy = self._snapshot(checkpoint, step)
             self.writer.submit(f"the checkpoint at step {step}", lambda: self._log_checkpoint(copy, step))
+
+    def note_infeasible(self, reason: str) -> None:
+        """The trial's architecture breaks the sweep's constraints: it is never trained."""
+        self.writer.submit("why it is not trained", lambda: self.client.set_tag(self.run_id, INFEASIBLE_TAG, reason))
 
     def note_replayed(self, step: int) -> None:
         """``step`` was trained again after it was reported (a restart from an earlier checkpoint)."""

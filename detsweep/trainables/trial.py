@@ -35,12 +35,15 @@ from detsweep.cluster import remove_run_folders
 from detsweep.config import TrialConfig, validate
 from detsweep.config.loader import get_path, plain, set_path
 from detsweep.errors import DetsweepError
+from detsweep.evaluation.objectives import Constraint, broken
 from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialIdentity, TrialRun
 
 from .channel import Report, RunChannel
 from .request import TrainingRequest
 from .trainer import ProgressLines, stream_training
+
+INFEASIBLE = "infeasible"  # in a trial's Tune result: why it was not trained (the constraints it breaks)
 
 
 def trial_tree(tune_config: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +93,9 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     serving = serving_cost(tune_config, config)
     if serving:  # the architecture's, measured before the sweep's trials started (sweeps/serving.py)
         run.log_report({"step": 0, **serving})
+    if reason := broken([Constraint.parse(text, "") for text in tune_config["search"].get("constraints", [])], serving):
+        not_trained(tune_config, run, reason, serving)
+        return
 
     def to_tune(report: Report) -> None:
         if metric in report.metrics:  # the evaluations: what schedulers and searchers decide on
@@ -109,6 +115,18 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     end(reason, finished=True)
     if reason:
         raise TrialFailed(reason)
+
+
+def not_trained(tune_config: dict[str, Any], run: TrialRun, reason: str, serving: dict[str, float]) -> None:
+    """A trial whose architecture breaks a constraint: its run says why and holds its serving
+    cost; Tune hears the cost, and NaN for what only training would tell (the objectives, the
+    sweep's metric), so that every searcher and scheduler takes the trial as scoring nothing."""
+    search = tune_config["search"]
+    untold = {metric: float("nan") for metric in [search["metric"], *search.get("objectives", [])]
+              if metric not in serving}
+    run.note_infeasible(reason)
+    run.finish()
+    ray.tune.report({"step": 0, **serving, **untold, INFEASIBLE: reason})
 
 
 def train_and_log(request: TrainingRequest, run: TrialRun, on_report: Callable[[Report], None],

@@ -1,0 +1,132 @@
+"""A multi-objective sweep of tiny models, end to end: architectures measured before the
+trials, a constraint that leaves one untrained, the Pareto front handed over on the parent
+run, in ``launch --json``, by ``detsweep best --pareto`` and in the registry; and a sweep no
+trial of which meets its constraint."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_cli
+from .tiny_sweeps import launch_json, results_of, tiny_sweep
+
+HEADS = "model.head_conv_layers"
+
+
+def by_hand(points: dict[str, tuple[float, float]], reference: tuple[float, float]) -> tuple[set[str], float]:
+    """The front of (loss, latency) points, both less-is-better, and the area it dominates up to
+    ``reference``: every point no other beats on both, then their staircase, slice by slice."""
+    front = {name for name, (a, b) in points.items()
+             if not any(x <= a and y <= b and (x, y) != (a, b) for x, y in points.values())}
+    ordered = sorted(points[name] for name in front)  # by loss; latency falls along it
+    area = 0.0
+    for (loss, latency), after in zip(ordered, [*ordered[1:], (reference[0], None)]):
+        area += (after[0] - loss) * (reference[1] - latency)
+    return front, area
+
+
+def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(tmp_path):
+    """Four head depths, ranked on the val loss and the served latency, each architecture
+    measured once before the trials (every report Tune hears of a trial, and its run at step 0,
+    carry its cost); the deepest head breaks ``serve/params <= 6e6`` (7.3 M parameters): its
+    trial is recorded with its cost and never trained. The front over the three trained
+    trials and its hypervolume (up to the loss of the worst of them and the stated 1000 ms)
+    are what a hand computation from their runs' logged metrics gives, on the parent run
+    (``pareto.csv``, ``pareto.png``, ``pareto/hypervolume``), in ``launch --json``, and from
+    MLflow alone (``best --pareto``); each front model is a registered version tagged with its
+    place, and the champion is the best loss among the trials that met the constraint."""
+    from mlflow import MlflowClient
+
+    sweep = tiny_sweep(tmp_path, f"""
+  algorithm: grid
+  num_samples: 1
+  objectives:
+    - {{metric: eval/loss, mode: min}}
+    - {{metric: serve/latency_ms, mode: min, reference: 1000}}
+  constraints: ["serve/params <= 6e6"]
+  space:
+    {HEADS}: {{grid: [0, 1, 2, 4]}}
+""", num_steps=20, every=10, name="front")
+    result, report = launch_json(str(sweep), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = {t["trial_id"]: t for t in report["trials"]}
+    deep = {t for t, trial in trials.items() if trial["config"][HEADS] == 4}
+    assert len(trials) == 4 and len(deep) == 1
+    assert {trials[t]["status"] for t in deep} == {"INFEASIBLE"}
+    assert {trials[t]["infeasible"] for t in deep} == {"serve/params is 7.28282e+06, expected <= 6e+06"}
+    assert {trials[t]["status"] for t in set(trials) - deep} == {"TERMINATED"}
+
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
+    runs = {t: client.get_run(trial["mlflow_run_id"]) for t, trial in trials.items()}
+    rows = results_of(Path(report["path"]))
+    for t in deep:  # recorded with its cost, never trained: no training metric, no Ray Train run, one report
+        assert runs[t].data.tags["detsweep.infeasible"] == trials[t]["infeasible"]
+        assert runs[t].data.metrics["serve/params"] == 7282815
+        assert not [k for k in runs[t].data.metrics if k.startswith(("train/", "eval"))], runs[t].data.metrics
+        assert [row["step"] for row in rows[t]] == [0] and math.isnan(rows[t][0]["eval/loss"])
+        assert trials[t]["checkpoint"] is None
+    assert not list(Path(report["path"]).parent.glob("front-train-*"))
+
+    trained = set(trials) - deep
+    for t in trained:  # its architecture's cost, measured before the trials: at step 0 and on every Tune report
+        cost = {k: v for k, v in runs[t].data.metrics.items() if k.startswith("serve/")}
+        assert set(cost) == {"serve/latency_ms", "serve/size_mb", "serve/params"} and cost["serve/latency_ms"] > 0
+        assert [m.step for m in client.get_metric_history(runs[t].info.run_id, "serve/params")] == [0]
+        assert [row["step"] for row in rows[t]] == [10, 20]
+        assert all({k: row[k] for k in cost} == pytest.approx(cost) for row in rows[t]), rows[t]
+    assert sorted(runs[t].data.metrics["serve/params"] for t in trained) == [2562175, 3742335, 4922495]
+
+    # the hand computation, from what the trained trials' runs logged
+    points = {t: (runs[t].data.metrics["eval/loss"], runs[t].data.metrics["serve/latency_ms"])
+              for t in trained}
+    worst_loss = max(loss for loss, _ in points.values())
+    front, area = by_hand(points, (worst_loss, 1000.0))
+    pareto = report["pareto"]
+    assert {m["trial_id"] for m in pareto["trials"]} == front
+    assert pareto["reference"] == {"eval/loss": worst_loss, "serve/latency_ms": 1000.0}
+    assert pareto["hypervolume"] == pytest.approx(area, rel=1e-9)
+    assert [m["place"] for m in pareto["trials"]] == [f"{i} of {len(front)}" for i in range(1, len(front) + 1)]
+    assert pareto["candidates"] == 3
+
+    parent = report["mlflow"]["parent_run_id"]
+    assert client.get_run(parent).data.metrics["pareto/hypervolume"] == pytest.approx(area, rel=1e-9)
+    artifacts = {a.path for a in client.list_artifacts(parent)}
+    assert {"pareto.csv", "pareto.png"} <= artifacts
+    csv_rows = Path(client.download_artifacts(parent, "pareto.csv", str(tmp_path))).read_text().splitlines()
+    assert len(csv_rows) == 1 + 3 and sum(bool(line.split(",")[1]) for line in csv_rows[1:]) == len(front)
+    assert Path(client.download_artifacts(parent, "pareto.png", str(tmp_path))).read_bytes()[:4] == b"\x89PNG"
+
+    shown = run_cli("best", "front", "--pareto", "--json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["pareto"] == pareto  # from MLflow alone, the same front
+
+    # the registry: each front model a version tagged with its place; the champion the best loss
+    versions = {v.tags["source_run_id"]: v for v in client.search_model_versions("name = 'front'")}
+    placed = {v.tags["source_run_id"]: v.tags["pareto_place"] for v in versions.values() if "pareto_place" in v.tags}
+    assert placed == {m["run_id"]: m["place"] for m in pareto["trials"]}
+    best = min(points, key=lambda t: points[t][0])
+    assert report["best"]["trial_id"] == best
+    champion = client.get_model_version_by_alias("front", "champion")
+    assert champion.tags["source_run_id"] == trials[best]["mlflow_run_id"]
+
+
+def test_a_constraint_no_trial_meets_is_one_line_at_the_end_and_nothing_trains(tmp_path):
+    sweep = tiny_sweep(tmp_path, """
+  algorithm: grid
+  num_samples: 1
+  constraints: ["serve/params <= 1000"]
+  space:
+    model.head_conv_layers: {grid: [0, 1]}
+""", name="nothing-fits")
+    result = run_cli("launch", str(sweep), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "detsweep: no trial met search.constraints, so none was trained: serve/params is 2.56218e+06, expected "
+        "<= 1000; serve/params is 3.74234e+06, expected <= 1000")
+    assert "Traceback" not in result.stderr
+    rows = results_of(tmp_path / "ray" / "nothing-fits")
+    assert len(rows) == 2 and all([row["step"] for row in found] == [0] for found in rows.values()), rows
