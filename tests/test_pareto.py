@@ -151,7 +151,11 @@ search:
     {LR}: {{distribution: log_uniform_values, min: 0.01, max: 0.08}}
     {HEADS}: {{values: [0, 2]}}
 """))
-    tuner = build_tuner(sweep, 1, RunLink("sqlite:///unused.db", "0", None), runs=lr_and_heads_reported)
+    # each architecture's cost, as measure_architectures hands it over (metric names hold "/",
+    # which Optuna's conversion of the space refuses in a key)
+    costs = {"0": {"serve/latency_ms": 10.0, "serve/size_mb": 10.6, "serve/params": 2562175.0}}
+    tuner = build_tuner(sweep, 1, RunLink("sqlite:///unused.db", "0", None), runs=lr_and_heads_reported,
+                        serving=costs)
     results = tuner.fit()
     assert not results.errors and len(results) == 4
     searcher = tuner._local_tuner._tune_config.search_alg.searcher

@@ -114,7 +114,9 @@ def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(tmp
     assert champion.tags["source_run_id"] == trials[best]["mlflow_run_id"]
 
 
-def test_a_constraint_no_trial_meets_is_one_line_at_the_end_and_nothing_trains(tmp_path):
+def test_a_constraint_no_architecture_meets_is_one_line_before_ray_starts(tmp_path):
+    """The driver measures every architecture the space holds before Ray starts: when none meets
+    the constraints, no trial could train, and the launch ends there, in one line."""
     sweep = tiny_sweep(tmp_path, """
   algorithm: grid
   num_samples: 1
@@ -123,10 +125,25 @@ def test_a_constraint_no_trial_meets_is_one_line_at_the_end_and_nothing_trains(t
     model.head_conv_layers: {grid: [0, 1]}
 """, name="nothing-fits")
     result = run_cli("launch", str(sweep), cwd=tmp_path)
-    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
-        "detsweep: no trial met search.constraints, so none was trained: serve/params is 2.56218e+06, expected "
-        "<= 1000; serve/params is 3.74234e+06, expected <= 1000")
-    assert "Traceback" not in result.stderr
-    rows = results_of(tmp_path / "ray" / "nothing-fits")
-    assert len(rows) == 2 and all([row["step"] for row in found] == [0] for found in rows.values()), rows
+        f"detsweep: error: {sweep}: search.constraints: found none of the space's 2 architectures meeting them (the "
+        "first: serve/params is 2.56218e+06, expected <= 1000), expected at least one: no trial could train")
+    assert "Traceback" not in result.stderr and not (tmp_path / "ray").exists()
+
+
+def test_a_sweep_whose_trials_all_broke_the_constraints_ends_in_one_line(capsys):
+    """Trials drawn at random may all land on architectures that break the constraints though
+    others meet them: the sweep's end says so, exit code 1 (``sweep_summary``, what ``launch``
+    prints)."""
+    import io
+
+    from detsweep.sweeps.commands import sweep_summary
+
+    trials = [{"trial_id": f"t{i}", "status": "INFEASIBLE", "metrics": {"step": 0}, "config": {HEADS: 4},
+               "infeasible": "serve/params is 7.28282e+06, expected <= 6e+06"} for i in range(2)]
+    report = {"trials": trials, "best": None, "metric": "eval/loss", "path": "/nowhere",
+              "cost": {"cost/cpu_hours": 0.0, "cost/gpu_hours": 0.0}}
+    assert sweep_summary(report, False, io.StringIO()) == 1
+    assert capsys.readouterr().err == ("detsweep: no trial met search.constraints, so none was trained: serve/params is "
+                              "7.28282e+06, expected <= 6e+06\n")

@@ -127,6 +127,8 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
                                   varied=varied(sweep)))
     for line in cleared.notes + cleared.summaries:
         console.say(line)
+    # before Ray starts and any trial trains: no training beside the measurements
+    serving = measure_architectures(sweep, console.say) if sweep.search.measures_serving else None
     connect(address, env=trial_environment())
     capacity = sized_to_fit(sweep, address, given)
     fits = trials_at_once(sweep, capacity)
@@ -134,8 +136,6 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     console.keep_log_in(path, f"launch-{time.strftime('%Y%m%d-%H%M%S')}.log")
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
-    # before any trial: no training beside the measurements
-    serving = measure_architectures(sweep, console.say) if sweep.search.measures_serving else None
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps, capacity=capacity)
     try:
         build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])], serving=serving).fit()

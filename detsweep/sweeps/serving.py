@@ -13,6 +13,7 @@ from typing import Any
 from detsweep.config import TrialConfig, validate
 from detsweep.config.loader import get_path, set_path
 from detsweep.errors import DetsweepError
+from detsweep.evaluation.objectives import broken
 
 from .spec import Sweep, is_architecture
 
@@ -36,7 +37,8 @@ def architectures(sweep: Sweep) -> list[TrialConfig]:
 
 
 def measure_architectures(sweep: Sweep, say=print) -> dict[str, dict[str, float]]:
-    """``architecture_key`` → its ``serve/*`` metrics, each architecture measured once."""
+    """``architecture_key`` → its ``serve/*`` metrics, each architecture measured once. Refused
+    in one line when none meets the sweep's constraints: no trial could train."""
     from detsweep.data import load_dataset
     from detsweep.export.architecture import architecture_key, serving_cost
 
@@ -51,6 +53,12 @@ def measure_architectures(sweep: Sweep, say=print) -> dict[str, dict[str, float]
             int8 = f"; int8 {cost.int8[0]:.1f} ms, {cost.int8[1]:.1f} MB" if cost.int8 else ""
             say(f"serving cost of {describe(config, sweep)}: {cost.latency_ms:.1f} ms, {cost.size_mb:.1f} MB, "
                 f"{cost.params:,} parameters{int8}")
+    bounds = sweep.search.bounds
+    if bounds and costs and all(broken(bounds, cost) for cost in costs.values()):
+        first = next(iter(costs.values()))
+        raise DetsweepError(f"{sweep.path}: search.constraints: found none of the space's {len(costs)} architectures "
+                            f"meeting them (the first: {broken(bounds, first)}), expected at least one: no trial "
+                            "could train")
     return costs
 
 

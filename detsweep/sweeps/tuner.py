@@ -42,8 +42,8 @@ def param_space(sweep: Sweep, tracking: RunLink, serving: dict[str, dict[str, fl
                              "tracking": tracking.to_dict()}
     if points := grid_of(sweep):
         space["point"] = tune.grid_search(points)
-    if serving:
-        space["serving"] = serving
+    if serving:  # as pairs: a searcher flattens the space's keys on "/", which metric names hold
+        space["serving"] = {key: list(metrics.items()) for key, metrics in serving.items()}
     return space
 
 

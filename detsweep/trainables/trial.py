@@ -71,8 +71,8 @@ def serving_cost(tune_config: dict[str, Any], config: TrialConfig) -> dict[str, 
     """The trial's architecture's ``serve/*`` metrics, when the sweep measured them."""
     from detsweep.export.architecture import architecture_key
 
-    costs = tune_config.get("serving")
-    return costs[architecture_key(config.model, config.model.num_classes or 0)] if costs else {}
+    costs = tune_config.get("serving")  # each architecture's as (metric, value) pairs
+    return dict(costs[architecture_key(config.model, config.model.num_classes or 0)]) if costs else {}
 
 
 def run_trial(tune_config: dict[str, Any]) -> None:
