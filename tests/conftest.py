@@ -322,8 +322,10 @@ OUR_LINES = re.compile("|".join([
     r"logs: /\S+ \(Ray's, Tune's and TensorFlow's own output; --verbose shows it here\)",
     r"MLflow: .+", r"detsweep: .+", r"fine-tune: .+",
     r".+: \d+ images?, \d+ box(es)?, \d+ categor(y|ies)(; .+)?",  # a dataset's summary
-    r"trial \w+ (started: .*|step \d+/\d+.*|finished at step .+|stopped early by the scheduler at step .+|errored: .+)",
-    r"trial +status +step .+", r"\w+_\d{5} +(PENDING|RUNNING|PAUSED|TERMINATED|STOPPED|ERROR)\b.*",  # the trial table
+    r"trial \w+ (started: .*|step \d+/\d+.*|finished at step .+|stopped early by the scheduler at step .+|errored: .+"
+    r"|not trained: .+ \(search\.constraints\))",
+    r"trial +status +step .+", r"(\w+_\d{5}|[0-9a-f]{8}) +(PENDING|RUNNING|PAUSED|TERMINATED|STOPPED|ERROR|INFEASIBLE)\b.*",  # the trial table
+    r"serving cost of .+: [\d.]+ ms, [\d.]+ MB, [\d,]+ parameters(; int8 .+)?",
     r"first loop after .+", r"step \d+/\d+ .+", r"finished at step \d+", r"  [\w/]+ +-?[\d.]+",
     r"checkpoint: .+", r"MLflow run: \w+",
     r"waiting for \d+ (nodes? of type \S+|trial worker\(s\)) .+",  # a trial waits for nodes to start

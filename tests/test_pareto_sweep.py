@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_cli
+from .conftest import foreign_lines, run_cli
 from .tiny_sweeps import launch_json, results_of, tiny_sweep
 
 HEADS = "model.head_conv_layers"
@@ -59,6 +59,9 @@ def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(tmp
     assert {trials[t]["status"] for t in deep} == {"INFEASIBLE"}
     assert {trials[t]["infeasible"] for t in deep} == {"serve/params is 7.28282e+06, expected <= 6e+06"}
     assert {trials[t]["status"] for t in set(trials) - deep} == {"TERMINATED"}
+    [t] = deep
+    assert f"trial {t} not trained: {trials[t]['infeasible']} (search.constraints)" in result.stderr.splitlines()
+    assert not foreign_lines(result.stderr), foreign_lines(result.stderr)  # only detsweep's own lines
 
     client = MlflowClient(report["mlflow"]["tracking_uri"])
     runs = {t: client.get_run(trial["mlflow_run_id"]) for t, trial in trials.items()}

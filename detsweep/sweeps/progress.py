@@ -109,6 +109,8 @@ class SweepProgress(tune.Callback):
         self._redraw(trials)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        if result.get(INFEASIBLE):  # its one report, at step 0: said once it completes
+            return
         parts = [f"step {result.get('step', 0)}/{self.num_steps}"]
         if "train/loss" in result and self.metric != "train/loss":
             parts.append(f"loss {result['train/loss']:.3f}")
@@ -119,6 +121,10 @@ class SweepProgress(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         step = trial.last_result.get("step", 0)
+        if trial.last_result.get(INFEASIBLE):
+            self._print(f"trial {self._label(trial)} not trained: {trial.last_result[INFEASIBLE]} (search.constraints)")
+            self._redraw(trials)
+            return
         how = "finished" if step >= self.num_steps else "stopped early by the scheduler"
         self._print(f"trial {self._label(trial)} {how} at step {step}: "
                     f"{self.metric} {short(trial.last_result.get(self.metric))}")
