@@ -4,14 +4,13 @@ An :class:`Objective` is a metric and whether more is better; a :class:`Constrai
 a metric known before training (``serve/latency_ms <= 20``). A trial's values over the
 objectives are a point; one point dominates another when it is no worse on every objective
 and better on one. :func:`fronts` sorts points into non-dominated fronts (NSGA-II's sort: the
-first front is the Pareto front), :func:`crowding` spreads a front's points apart, and
-:func:`hypervolume` measures the space a front dominates up to a reference point, by slicing
-along the first objective (exact; fronts here hold tens of points).
+first front is the Pareto front), and :func:`hypervolume` measures the space a front
+dominates up to a reference point, by slicing along the first objective (exact; fronts here
+hold tens of points).
 """
 
 from __future__ import annotations
 
-import math
 import operator
 import re
 from collections.abc import Mapping, Sequence
@@ -26,9 +25,6 @@ Point = Sequence[float]
 class Objective:
     metric: str
     mode: str  # "max" or "min"
-
-    def better(self, a: float, b: float) -> bool:
-        return a > b if self.mode == "max" else a < b
 
     def as_min(self, value: float) -> float:
         """The value on a scale where less is better (every objective alike)."""
@@ -57,9 +53,6 @@ class Constraint:
     def holds(self, metrics: Mapping[str, float]) -> bool:
         return BOUNDS[self.op](metrics[self.metric], self.bound)
 
-    def __str__(self) -> str:
-        return f"{self.metric} {self.op} {self.bound:g}"
-
 
 def broken(constraints: Sequence[Constraint], metrics: Mapping[str, float]) -> str | None:
     """Why ``metrics`` break the constraints (each broken one with its value), or None."""
@@ -82,20 +75,6 @@ def fronts(points: Sequence[Point]) -> list[list[int]]:
         sorted_fronts.append(front)
         left = [i for i in left if i not in front]
     return sorted_fronts
-
-
-def crowding(points: Sequence[Point], front: Sequence[int]) -> dict[int, float]:
-    """NSGA-II's crowding distance of each point of one front: the ends of every objective are
-    infinitely far, the others the sum over objectives of their neighbours' normalised gap."""
-    distance = dict.fromkeys(front, 0.0)
-    for axis in range(len(points[front[0]]) if front else 0):
-        ordered = sorted(front, key=lambda i: points[i][axis])
-        low, high = points[ordered[0]][axis], points[ordered[-1]][axis]
-        distance[ordered[0]] = distance[ordered[-1]] = math.inf
-        for before, at, after in zip(ordered, ordered[1:], ordered[2:]):
-            if high > low:
-                distance[at] += (points[after][axis] - points[before][axis]) / (high - low)
-    return distance
 
 
 def hypervolume(points: Sequence[Point], reference: Point) -> float:

@@ -64,7 +64,7 @@ def signature():
     )
 
 
-def register_best(link: RunLink, name: str, best: dict[str, Any], checkpoint: str, metric: str,
+def register_trial(link: RunLink, name: str, best: dict[str, Any], checkpoint: str, metric: str,
                   mode: str, tags: dict[str, str] | None = None, crown: bool = True) -> dict[str, Any]:
     """Log ``checkpoint`` (a trial's best READY checkpoint in MLflow, ``models:/…``) as a model
     in the trial's own run (``best["mlflow_run_id"]``) and register it under ``name`` with

@@ -210,7 +210,7 @@ def pareto_of(report: dict[str, Any], sweep: Sweep):
 def register_models(report: dict[str, Any], sweep: Sweep, link, front) -> dict[str, Any] | None:
     """The best trial's model, crowned ``champion`` unless an earlier sweep's scored better;
     each model on the front too, tagged with its place there. Returns the best's registration."""
-    from detsweep.export.registry import register_best  # imports mlflow.pyfunc: only at a sweep's end
+    from detsweep.export.registry import register_trial  # imports mlflow.pyfunc: only at a sweep's end
 
     best, search = report["best"], sweep.search
     on_front = {member.trial_id: front.place(member.trial_id) for member in front.front} if front else {}
@@ -225,7 +225,7 @@ def register_models(report: dict[str, Any], sweep: Sweep, link, front) -> dict[s
             f"{o.metric} {o.mode}" for o in search.objectives)} if trial_id in on_front else {}
         is_best = best is not None and trial_id == best["trial_id"]
         with console.working(f"registering trial {trial_id}'s model in MLflow"):
-            done = register_best(link, sweep.name, trial, checkpoint, search.metric, search.mode, tags, crown=is_best)
+            done = register_trial(link, sweep.name, trial, checkpoint, search.metric, search.mode, tags, crown=is_best)
         where = f", place {on_front[trial_id]} on the Pareto front" if trial_id in on_front else ""
         if is_best:
             registered = done

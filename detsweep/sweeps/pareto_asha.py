@@ -10,7 +10,7 @@ fronts are the distinct values and this is ASHA's rule. So a small, fast model t
 slower than a big one is not stopped for its lower AP alone: nothing faster scores better.
 
 Asynchronous as ASHA is: each trial is judged when it arrives, against those that arrived
-before it; nothing pauses.
+before it (a trial that ended still counts at the rungs it reached); nothing pauses.
 """
 
 from __future__ import annotations
@@ -53,9 +53,6 @@ class ParetoASHA(FIFOScheduler):
         rung = reached[-1]  # as ASHA: the highest rung it passed that has not judged it
         self.recorded[rung][trial.trial_id] = point
         return TrialScheduler.CONTINUE if self.keeps(rung, trial.trial_id) else TrialScheduler.STOP
-
-    def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
-        pass  # what a finished trial scored at its rungs still judges those after it
 
     def point(self, result: dict) -> tuple[float, ...] | None:
         """The result's objectives, each on the less-is-better scale; None without all of them."""
