@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -86,7 +87,13 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
             assert steps == list(range(every, every * len(steps) + 1, every)), steps
         if trial["status"] == "TERMINATED":
             assert steps[-1] == num_steps
-            assert {"config.yaml", "learning_rate.png", "detections"} <= artifacts(client, run.info.run_id)
+            assert {"config.yaml", "learning_rate.png", "detections", "trained_with.json"} <= artifacts(client, run.info.run_id)
+            # what it built, read back from the built objects, holds the values Tune drew for it
+            with tempfile.TemporaryDirectory() as scratch:
+                built = json.loads(Path(client.download_artifacts(run.info.run_id, "trained_with.json", scratch)).read_text())
+            # (after a PBT exploit: the values of its last start, the donor's and the mutations)
+            swept = {path: value for path, value in trial["config"].items() if path.startswith("optimizer.")}
+            assert all(built[path] == pytest.approx(value) for path, value in swept.items()), (swept, built)
             # its checkpoints: READY models of its run, the latest at its end, and no more than its best and latest
             kept = checkpoints(client, [info["experiment_id"]], run.info.run_id, ready=False)
             assert 1 <= len(kept) <= 2 and {str(m.status) for m in kept} == {"READY"}, kept

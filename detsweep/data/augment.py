@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
@@ -31,22 +32,57 @@ from detsweep.config.schema import (
     HueConfig,
     RandomCropImageConfig,
     SaturationConfig,
+    ScaleCropConfig,
     SquareCropByScaleConfig,
 )
 
 from .processing import InputSpec
 
 
+@dataclass(frozen=True)
+class AugmentationStep:
+    """One augmentation on the decoded image, built: the :class:`~detsweep.config.AugmentationConfig`
+    field it stands for and the setting it applies (the field's section, or the flip's probability)."""
+
+    name: str
+    setting: Any
+    apply: Callable[[dict, Any], dict]
+
+    def __call__(self, example: dict) -> dict:
+        return self.apply(example, self.setting)
+
+
+@dataclass(frozen=True)
+class Augmentations:
+    """What the training pipeline applies to each example: ``decoded``, the steps on the decoded
+    image in the order they run; ``scale_jitter``, ``random_scale_crop_and_pad_to_square`` on the
+    resized image (None: off). Built once (:func:`build_augmentations`); what a training reports
+    it trained with is read from here."""
+
+    decoded: tuple[AugmentationStep, ...] = ()
+    scale_jitter: ScaleCropConfig | None = None
+
+    def on_decoded_image(self, example: dict) -> dict:
+        for step in self.decoded:
+            example = step(example)
+        return example
+
+
+def build_augmentations(augmentation: AugmentationConfig) -> Augmentations:
+    """The steps ``augmentation`` sets, in the order :class:`~detsweep.config.AugmentationConfig`
+    states: those ``order`` names in its order, then the others in the default order
+    (``random_scale_crop_and_pad_to_square`` apart: it comes after the resize)."""
+    steps = [AugmentationStep(name, getattr(augmentation, name), _ON_THE_DECODED_IMAGE[name])
+             for name in _in_order(augmentation.order)]
+    on = tuple(step for step in steps if step.setting is not None and step.setting != 0)  # a flip of 0 is off
+    return Augmentations(on, augmentation.random_scale_crop_and_pad_to_square)
+
+
 def augmented(example: dict, augmentation: AugmentationConfig) -> dict:
-    """``example`` (the decoded image) through the steps ``augmentation`` sets, in the order
-    :class:`~detsweep.config.AugmentationConfig` states: those ``order`` names in its order, then
-    the others in the default order (``random_scale_crop_and_pad_to_square`` excepted: it comes
-    after the resize). Each draw is named and stateless: the order does not change a step's draws."""
-    for name in _in_order(augmentation.order):
-        config = getattr(augmentation, name)
-        if config is not None and config != 0:  # off: not set, or a flip of probability 0
-            example = _ON_THE_DECODED_IMAGE[name](example, config)
-    return example
+    """``example`` (the decoded image) through the steps ``augmentation`` sets
+    (:func:`build_augmentations`). Each draw is named and stateless: the order does not change a
+    step's draws."""
+    return build_augmentations(augmentation).on_decoded_image(example)
 
 
 def _in_order(order: tuple[str, ...]) -> list[str]:

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from detsweep.config import AugmentationConfig
 
-from .augment import augmented, random_scale_crop
+from .augment import Augmentations, build_augmentations, random_scale_crop
 from .processing import InputSpec, fit_to_input, pad_and_normalise, scaled_boxes
 from .records import DetectionSet
 
@@ -61,13 +61,13 @@ def decode_and_resize(element: dict, spec: InputSpec, from_files: bool) -> dict:
     return resized(decoded(element, from_files), spec)
 
 
-def training_example(element: dict, spec: InputSpec, augmentation: AugmentationConfig,
+def training_example(element: dict, spec: InputSpec, augmentations: Augmentations,
                      from_files: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """One ``(image, {"boxes", "labels"})`` of training, as the OD API makes it: the decoded
     picture augmented, resized by ``spec``, scale-jittered on the resized image, padded and
     normalised."""
-    element = resized(augmented(decoded(element, from_files), augmentation), spec)
-    jitter = augmentation.random_scale_crop_and_pad_to_square
+    element = resized(augmentations.on_decoded_image(decoded(element, from_files)), spec)
+    jitter = augmentations.scale_jitter
     if jitter is not None:
         element = random_scale_crop(element, spec, jitter.scale_min, jitter.scale_max)
     element = pad_and_normalise(element, spec)
@@ -77,7 +77,7 @@ def training_example(element: dict, spec: InputSpec, augmentation: AugmentationC
 def training_dataset(
     dataset: DetectionSet,
     spec: InputSpec,
-    augmentation: AugmentationConfig,
+    augmentation: AugmentationConfig | Augmentations,
     batch_size: int,
     seed: int,
     shard: tuple[int, int] = (1, 0),
@@ -85,11 +85,13 @@ def training_dataset(
 ) -> tf.data.Dataset:
     """Endless, shuffled batches of ``(images, {"boxes", "labels"})`` for one input pipeline.
 
+    ``augmentation``: the config's, or as built already (a training reports what it built).
     ``shard = (num_pipelines, index)``: each worker reads a disjoint part of the data.
     ``skip``: the examples this pipeline's seed already gave (a resumed run's): the batches
     go on exactly where an unbroken run's would be, at the cost of drawing the skipped
     examples' order and seeds, not of decoding them.
     """
+    augmentations = augmentation if isinstance(augmentation, Augmentations) else build_augmentations(augmentation)
     from_files = dataset.examples[0].encoded is None
     data = tf.data.Dataset.from_tensor_slices(to_tensors(dataset, spec.max_boxes))
     data = data.shard(*shard).shuffle(len(dataset.examples), seed=seed, reshuffle_each_iteration=True).repeat()
@@ -98,7 +100,7 @@ def training_dataset(
     seeds = tf.data.Dataset.random(seed=seed).batch(2)
     # One map for the whole example: each map is a stage of its own, with its own buffers
     data = tf.data.Dataset.zip((data, seeds)).skip(skip).map(
-        lambda e, s: training_example({**e, "seed": s}, spec, augmentation, from_files),
+        lambda e, s: training_example({**e, "seed": s}, spec, augmentations, from_files),
         num_parallel_calls=tf.data.AUTOTUNE)
     return data.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 

@@ -51,8 +51,7 @@ class ExponentialDecayWithBurnin(keras.optimizers.schedules.LearningRateSchedule
         self.decay_steps = decay_steps
         self.decay_factor = decay_factor
         self.staircase = staircase
-        # The OD API reads a burn-in rate of 0 as "burn in at the base rate".
-        self.burnin_learning_rate = burnin_learning_rate or initial_learning_rate
+        self.burnin_learning_rate = burnin_learning_rate  # as given: what a training reports it was built with
         self.burnin_steps = burnin_steps
         self.min_learning_rate = min_learning_rate
 
@@ -62,7 +61,9 @@ class ExponentialDecayWithBurnin(keras.optimizers.schedules.LearningRateSchedule
         if self.staircase:
             exponent = tf.floor(exponent)
         decayed = self.initial_learning_rate * tf.pow(tf.constant(self.decay_factor, tf.float32), exponent)
-        rate = tf.where(step < self.burnin_steps, tf.constant(self.burnin_learning_rate, tf.float32), decayed)
+        # The OD API reads a burn-in rate of 0 as "burn in at the base rate".
+        burnin = self.burnin_learning_rate or self.initial_learning_rate
+        rate = tf.where(step < self.burnin_steps, tf.constant(burnin, tf.float32), decayed)
         return tf.maximum(rate, self.min_learning_rate)
 
     def get_config(self) -> dict:

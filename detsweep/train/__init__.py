@@ -2,6 +2,7 @@
 
 from .loop import Milestone, Reporter, TrainingDiverged, WorkerContext, run_training, with_first_report_extras
 from .strategy import DevicesNotAsSized, NoGPUVisible
+from .trained_with import NotAsSampled
 
-__all__ = ["DevicesNotAsSized", "Milestone", "NoGPUVisible", "Reporter", "TrainingDiverged", "WorkerContext", "run_training",
-           "with_first_report_extras"]
+__all__ = ["DevicesNotAsSized", "Milestone", "NoGPUVisible", "NotAsSampled", "Reporter", "TrainingDiverged", "WorkerContext",
+           "run_training", "with_first_report_extras"]

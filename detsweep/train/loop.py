@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -15,6 +16,7 @@ import tensorflow as tf
 from detsweep.config import TrialConfig
 from detsweep.config.schema import TrainConfig
 from detsweep.data import DetectionSet, load_dataset
+from detsweep.data.augment import Augmentations, build_augmentations
 from detsweep.data.pipeline import training_dataset
 from detsweep.data.processing import InputSpec
 from detsweep.models.detector_presets import preset_trial_config
@@ -24,6 +26,7 @@ from .checkpoint import TrainingState, build_training_state, weights_fingerprint
 from .evaluate import Evaluator, is_due
 from .step import make_train_loop
 from .strategy import make_strategy, use_worker_devices, visible_gpus
+from .trained_with import TRAINED_WITH_FILE, check_as_sampled, trained_with, trained_with_json
 from .warm_start import restore_what_fits
 
 
@@ -35,9 +38,10 @@ class Milestone(enum.Enum):
     EVALUATE = "evaluate"  # a checkpoint whose evaluation is the reporter's to start (train.evaluation: async)
 
 
-# report(metrics, checkpoint_dir, milestone, pictures), after every loop; ``pictures``: the
-# files an evaluation drew (artifact path → PNG bytes), with WorkerContext.pictures. The
-# directory exists only during the call: copy what you keep.
+# report(metrics, checkpoint_dir, milestone, pictures), after every loop; ``pictures``: files
+# for the run (artifact path → bytes): an evaluation's drawings (PNG), with WorkerContext.pictures,
+# and in the first report ``trained_with.json``. The directory exists only during the call: copy
+# what you keep.
 Reporter = Callable[[dict[str, float], "Path | None", Milestone, dict[str, bytes]], None]
 
 
@@ -52,12 +56,15 @@ class WorkerContext:
     pictures: bool = False  # for MLflow: a picture of the detections at every evaluation
     startup: StartupClock = field(default_factory=StartupClock)  # its phases are marked here, up to the first loop
     fine_tune_from: Path | None = None  # a local copy of train.fine_tune.checkpoint (default: that folder)
+    sampled: dict[str, Any] = field(default_factory=dict)  # what a sweep sampled (dotted path → value): built or refused
 
 
 def run_training(config: TrialConfig, report: Reporter, context: WorkerContext = WorkerContext()) -> dict[str, float]:
     """Train ``config`` to ``train.num_steps``, reporting every loop; returns the last metrics.
-    A resumed run's first report carries ``restore/*``; the caller adds what else it wants
-    there (:func:`with_first_report_extras`)."""
+    The first report carries ``trained_with.json`` (what the optimizer, schedule, moving average
+    and augmentations were built with, read back from them), a resumed run's ``restore/*`` too;
+    the caller adds what else it wants there (:func:`with_first_report_extras`). Raises
+    :class:`NotAsSampled` before the first step when they differ from ``context.sampled``."""
     train, startup = config.train, context.startup
     # --- workers, data, model ---------------------------------------------------------
     use_worker_devices(config.scaling)  # first: TensorFlow's runtime must not have started
@@ -73,7 +80,10 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     state, losses, restored = starting_state(strategy, config, context, len(train_set.categories))
     step = int(state.step.numpy())
     startup.mark("model")
-    batches = distributed_batches(strategy, train_set, spec, config, step)
+    augmentations = build_augmentations(config.data.augmentation)
+    built = trained_with(state.optimizer, state.moving_average, augmentations, strategy.num_replicas_in_sync)
+    check_as_sampled(context.sampled, built)  # a trial that would train something else ends before its first step
+    batches = distributed_batches(strategy, train_set, spec, config, step, augmentations)
     train_loop = make_train_loop(strategy, state.model, losses, state.optimizer, state.moving_average, state.step,
                                  jit_compile=train.jit_compile)
     # Inline, only rank 0 evaluates; the others wait for it at their next collective (a step, or
@@ -82,6 +92,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     evaluator = (Evaluator(state.model, val_set, spec, batch_size=8, losses=losses)
                  if val_set and inline and context.rank == 0 else None)
     metrics: dict[str, float] = {}
+    first_files = {TRAINED_WITH_FILE: trained_with_json(built)}
 
     while step < train.num_steps:
         # --- train one loop -----------------------------------------------------------
@@ -95,10 +106,10 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         metrics, restored = metrics | restored, {}  # only the first report carries restore/*
         # --- evaluate, checkpoint, report ----------------------------------------------
         evaluation_due = val_set is not None and is_due(step, train.eval_every, train.num_steps)
-        pictures: dict[str, bytes] = {}
+        pictures, first_files = first_files, {}  # only the first report carries trained_with.json
         if evaluator and evaluation_due:
             scores = evaluator.evaluate_with_average(state.moving_average, step, picture=context.pictures)
-            metrics, pictures = metrics | scores.metrics, scores.pictures
+            metrics, pictures = metrics | scores.metrics, pictures | scores.pictures
         milestone, checkpoint_due = milestone_of(step, train, evaluation_due)
         if checkpoint_due:
             with tempfile.TemporaryDirectory(prefix="detsweep-ckpt-") as scratch:
@@ -140,10 +151,10 @@ def with_first_report_extras(report: Reporter, extras: Callable[[], tuple[dict, 
 
 
 def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSet, spec: InputSpec,
-                        config: TrialConfig, step: int) -> Iterator:
+                        config: TrialConfig, step: int, augmentations: Augmentations | None = None) -> Iterator:
     """Each worker's shard of the training batches from ``step`` on: the batches an unbroken
     run would train on there, so that a run paused and resumed (halving, PBT, a lost worker)
-    trains as one that never stopped."""
+    trains as one that never stopped; ``augmentations``: as built already (default: the config's)."""
     train = config.train
 
     def input_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -153,7 +164,7 @@ def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSe
         print(f"input pipeline {index + 1} of {shards}: {len(range(index, len(train_set.examples), shards))} "
               f"of {len(train_set.examples)} training images", flush=True)
         return training_dataset(
-            train_set, spec, config.data.augmentation,
+            train_set, spec, config.data.augmentation if augmentations is None else augmentations,
             batch_size=input_context.get_per_replica_batch_size(train.batch_size),
             seed=train.seed + 1000 * index,
             shard=(shards, index),

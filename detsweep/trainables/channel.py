@@ -29,8 +29,9 @@ process that owns the MLflow run (the trial's, or ``detsweep train``'s driver) t
   diverge again. Rank 0 sends the reason after its last loop (:class:`TrainingFailed`), and the
   merge raises it once every step before it was passed on; so it does the reason
   ``trainer.fit()`` raised, which ends the run (:class:`RunEnded`). A worker whose devices are
-  not what the trial was sized for says so before its first loop (``at_start``), and the merge
-  raises at once: Ray Train's restarts would find the same devices.
+  not what the trial was sized for, or that built other than what the trial sampled, says so
+  before its first loop (``at_start``), and the merge raises at once: Ray Train's restarts would
+  find the same.
 
 Six kinds of message in all: a loop, Ray Train's report, an evaluation (or its failure),
 failed workers, a failed training, the end.
@@ -161,7 +162,8 @@ class Evaluation:
 class TrainingFailed:
     """From rank 0, after its last loop: training ended for a reason a restart would not mend.
     ``at_start``: from any worker, before its first loop (its devices are not what the trial
-    was sized for): the run ends at once, before Ray Train restarts the group to no avail."""
+    was sized for, or what it built is not what was sampled): the run ends at once, before Ray
+    Train restarts the group to no avail."""
 
     reason: str
     at_start: bool = False

@@ -5,6 +5,7 @@ handed to Ray Train's workers as it is, and unpacked once there (``worker.train_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from detsweep.config import TrialConfig
 from detsweep.startup import StartupClock
@@ -19,3 +20,6 @@ class TrainingRequest:
     pictures: bool = False  # rank 0 draws its detections at every evaluation, for MLflow
     system_metrics: bool = False  # each node's first worker logs its node's system metrics to the MLflow run
     startup: StartupClock = field(default_factory=StartupClock)  # started when the training was asked for
+    # A sweep's sampled values (dotted path → value): the workers refuse to train what differs
+    # from them (train/trained_with.py); none outside a sweep (`detsweep train`, a lone `finetune`).
+    sampled: dict[str, Any] = field(default_factory=dict)

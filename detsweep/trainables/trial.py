@@ -104,8 +104,7 @@ def run_trial(tune_config: dict[str, Any]) -> None:
             reported = ray.tune.Checkpoint(checkpoint.path, checkpoint.filesystem) if checkpoint else None
             ray.tune.report(report.metrics | serving, checkpoint=reported)
 
-    request = TrainingRequest(config, name, tune_config.get("storage"), checkpoint_uri(restore) if restore else None,
-                              pictures=True, system_metrics=True, startup=startup)
+    request = training_request(tune_config, config, name, restore, startup)
     end = TrialEnd(run, tune_config.get("storage"), runs)
     try:
         reason = train_and_log(request, run, to_tune)
@@ -115,6 +114,16 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     end(reason, finished=True)
     if reason:
         raise TrialFailed(reason)
+
+
+def training_request(tune_config: dict[str, Any], config: TrialConfig, name: str, restore: ray.tune.Checkpoint | None,
+                     startup: StartupClock) -> TrainingRequest:
+    """What the trial asks of Ray Train: its config, from ``restore`` (a Tune checkpoint) when
+    there is one, pictures and system metrics for its run, and its sampled values, which the
+    workers hold what they build to (``train/trained_with.py``)."""
+    return TrainingRequest(config, name, tune_config.get("storage"), checkpoint_uri(restore) if restore else None,
+                           pictures=True, system_metrics=True, startup=startup,
+                           sampled=swept_values(tune_config, tune_config["search"]["swept"]))
 
 
 def not_trained(tune_config: dict[str, Any], run: TrialRun, reason: str, serving: dict[str, float]) -> None:

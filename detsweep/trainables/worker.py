@@ -90,6 +90,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     from detsweep.train import (  # TensorFlow loads here only
         DevicesNotAsSized,
         Milestone,
+        NotAsSampled,
         TrainingDiverged,
         WorkerContext,
         run_training,
@@ -133,7 +134,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             fine_tune = config.train.fine_tune if restore_from is None else None
             fine_tune_from = stack.enter_context(fine_tune_source(config)) if fine_tune else None
             context = WorkerContext(rank=rank, restore_from=restore_from, pictures=request.pictures,
-                                    startup=startup, fine_tune_from=fine_tune_from)
+                                    startup=startup, fine_tune_from=fine_tune_from, sampled=request.sampled)
             run_training(config, with_first_report_extras(report, first_report_extras), context)
     except TrainingDiverged as diverged:
         # Not a fault for Ray Train to restart the workers from (max_failures): from their last
@@ -141,10 +142,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
         # loss is all-reduced), and the run ends with the reason.
         if sender:
             sender.send(TrainingFailed(str(diverged)))
-    except DevicesNotAsSized as wrong:
-        # The same at every restart, so not a failure for Ray Train to restart the group from
-        # (max_failures): whichever worker finds it tells the run's owner, which ends the run
-        # at once (a worker still waiting for this one at the strategy ends with it).
+    except (DevicesNotAsSized, NotAsSampled) as wrong:
+        # Devices not as sized, or a sampled value not in what was built: the same at every
+        # restart, so not a failure for Ray Train to restart the group from (max_failures):
+        # whichever worker finds it tells the run's owner, which ends the run at once (a worker
+        # still waiting for this one at the strategy ends with it).
         channel.put(TrainingFailed(str(wrong), at_start=True))
     finally:
         if sender:  # a failed training's loops, too, reach the run before its error does
