@@ -3,7 +3,7 @@ reports them: the Keras model, the float32 TFLite file and the int8 one (COCO AP
 photos with its bootstrap spread, file size, latency at batch 1 in LiteRT on this machine's CPU).
 
     .venv/bin/python -m bench.int8_export [--smoke] [--steps N] [--size PX] [--representative N] [--keep DIR]
-                                          [--checkpoint DIR]
+                                          [--checkpoint DIR] [--set path=value ...]
 
 It trains ``configs/raccoon.yaml`` (detsweep's loop, no Ray) for ``--steps`` steps, then runs
 ``detsweep export --format tflite-int8 --json`` on the last checkpoint. The target is the
@@ -11,7 +11,8 @@ issue's: int8 within 1.0 AP (0.01) of float. ``--keep DIR`` keeps the checkpoint
 the export's report (``DIR/checkpoint``, ``DIR/export``, ``DIR/report.json``):
 ``tests/test_int8_export.py`` runs this script so, as its smoke test and its trained model.
 ``--checkpoint DIR`` exports a checkpoint an earlier run of this script kept instead of training
-(its steps and size are read from it).
+(its steps and size are read from it). ``--set`` overrides the training's config, as the CLI's
+does (the tests train on both cores: ``scaling.cpus_per_worker=2``).
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from .common import REPO, Entry, Target, arguments, record
 MODELS = ("keras", "tflite", "tflite-int8", "tflite-int8-keep-float")
 
 
-def train(steps: int, size: int, folder: Path) -> tuple[Path, dict]:
+def train(steps: int, size: int, folder: Path, overrides: list[str]) -> tuple[Path, dict]:
     from detsweep.config import load_trial_config
     from detsweep.train import run_training
 
     kept = folder / "checkpoint"
     config = load_trial_config(REPO / "configs" / "raccoon.yaml", [
         f"model.image_size={size}", f"train.num_steps={steps}", f"optimizer.learning_rate.total_steps={steps}",
-        f"train.eval_every={steps}", f"train.checkpoint_every={steps}"])
+        f"train.eval_every={steps}", f"train.checkpoint_every={steps}", *overrides])
     last: dict = {}
 
     def keep(metrics, checkpoint, milestone, pictures):
@@ -69,6 +70,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the checkpoint, the export and its report here")
     parser.add_argument("--representative", type=int, default=100, help="training photos to calibrate int8 on")
     parser.add_argument("--checkpoint", type=Path, help="export this kept checkpoint instead of training one")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="path=value for the training")
     args = parser.parse_args()
     steps, size = (20, 128) if args.smoke else (args.steps, args.size)
     with tempfile.TemporaryDirectory(prefix="bench-int8-") as scratch:
@@ -79,7 +81,7 @@ def main() -> None:
             checkpoint, trained = args.checkpoint, {}
             steps, size = read_step(checkpoint), read_config(checkpoint).model.image_size
         else:
-            checkpoint, trained = train(steps, size, folder)
+            checkpoint, trained = train(steps, size, folder, args.overrides)
         report = export(checkpoint, folder / "export", args.representative)
         (folder / "report.json").write_text(json.dumps(report, indent=1))
     models = report["models"]
@@ -99,7 +101,7 @@ def main() -> None:
         settings={"config": "configs/raccoon.yaml", "image_size": size, "steps": steps,
                   "training_eval_AP_ema": trained.get("eval_ema/AP"),
                   "trained": f"earlier, kept in {args.checkpoint}" if args.checkpoint else "in this run",
-                  "int8_drop_spread": int8["AP_drop_spread"]},
+                  "int8_drop_spread": int8["AP_drop_spread"], **({"set": args.overrides} if args.overrides else {})},
         rows=rows,
         targets=[Target("int8's AP drop below float32 TFLite (AP)", "<= 0.01", int8["AP_drop"],
                         report["int8"]["met"])],

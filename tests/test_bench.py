@@ -1,5 +1,6 @@
-"""`make bench-smoke`: every benchmark script runs end to end at a tiny size and records its
-table. This checks the scripts, not the figures (benchmarks are never timed tests)."""
+"""`make bench-smoke`, here for the benchmarks whose path no other test takes: each script
+runs end to end at a tiny size and records its table. This checks the scripts, not the
+figures (benchmarks are never timed tests)."""
 
 import json
 import math
@@ -14,23 +15,28 @@ from bench.common import Entry, render, throughputs
 from .conftest import REPO, run_bounded
 
 # What each benchmark of ``bench.run_all`` records, by its name there.
-RECORDS = {"train_step": {"train_step", "train_step_loops", "train_step_split"}, "startup": {"startup_1w"},
-           "allocator": {"allocator"},
-           "input_pipeline": {"input_pipeline"}, "zoo_retinanet": {"zoo_retinanet"}, "scaling": {"scaling_cpu"}, "scaling_gpu": {"scaling_gpu"},
-           "early_stopping": {"early_stopping"},
-           "replay_settings": {"replay_settings"}, "tracking_server": {"tracking_server"},
-           "tracking_load": {"tracking_load"}}
+RECORDS = {"allocator": {"allocator"}, "input_pipeline": {"input_pipeline"}, "zoo_retinanet": {"zoo_retinanet"},
+           "scaling": {"scaling_cpu"}, "scaling_gpu": {"scaling_gpu"}, "replay_settings": {"replay_settings"},
+           "tracking_server": {"tracking_server"}}
 
 
 # Benchmarks another test runs (and checks the record of) as its own fixture: not twice.
 RUN_BY = {"int8_export": "tests/test_int8_export.py"}
 
+# Benchmarks whose smoke run would only take a path these tests take on every run: a trial's
+# start and resume, a sweep under FIFO and under halving, the loop with and without Ray Train,
+# a tracking server restarted under a trial's writes. ``make bench-smoke`` runs them; the
+# suite does not pay for them twice.
+PATH_TAKEN_BY = {"startup": "tests/test_sweep_runs.py", "early_stopping": "tests/test_sweep_runs.py",
+                 "train_step": "tests/test_train.py", "tracking_load": "tests/test_cluster_sweeps.py"}
 
-def test_every_benchmark_has_a_smoke_test():
+
+def test_every_benchmark_is_smoked_here_or_takes_a_path_another_test_takes():
     from bench.run_all import BENCHMARKS
 
-    assert set(BENCHMARKS) == set(RECORDS) | set(RUN_BY)
-    assert all((REPO / path).is_file() for path in RUN_BY.values())
+    assert set(BENCHMARKS) == set(RECORDS) | set(RUN_BY) | set(PATH_TAKEN_BY)
+    assert not (set(RECORDS) & set(RUN_BY) or set(RECORDS) & set(PATH_TAKEN_BY) or set(RUN_BY) & set(PATH_TAKEN_BY))
+    assert all((REPO / path).is_file() for path in [*RUN_BY.values(), *PATH_TAKEN_BY.values()])
 
 
 @pytest.mark.parametrize("benchmark", sorted(RECORDS))
@@ -55,29 +61,10 @@ def test_the_benchmark_runs_and_records_its_table(benchmark, tmp_path):
     SPECIFIC.get(benchmark, lambda results: None)(results)
 
 
-def train_step(results: dict) -> None:
-    # the split's runs are the other tables' runs: its Ray Train ratio is their pair's, not another measurement
-    under_ray_train = results["train_step_split"]["rows"][-1][2]
-    pairs = results["train_step"]["targets"][2]["measured"]
-    [loops] = results["train_step_loops"]["rows"][1:]
-    single = {name: rate for name, rate, _ in results["train_step"]["rows"][1:]}
-    ray_train = next(rate for name, rate in single.items() if name.startswith("detsweep under Ray Train"))
-    assert under_ray_train == pairs == loops[5] == ray_train / single["detsweep loop, no Ray, tcmalloc"]
-
-
 def allocator(results: dict) -> None:
     # one pair at the smoke's size: the ratio in the table is the pair's own
     [(pair, glibc, tcmalloc, ratio)] = results["allocator"]["rows"][1:]
     assert pair == 1 and ratio == tcmalloc / glibc == results["allocator"]["targets"][0]["measured"]
-
-
-def early_stopping(results: dict) -> None:
-    # it launched the seeded random quickstart sweep twice (FIFO, its own scheduler): the same draws
-    assert results["early_stopping"]["notes"][0] == "Both sweeps drew the same configurations.", results
-    # each trial on one thread gives the same numbers on every run: the configuration both
-    # sweeps trained to the end scored the same in both, to the last digit
-    assert results["early_stopping"]["notes"][1].startswith(
-        "Run-to-run noise: 1 configurations trained all 4 steps in both sweeps, 1 of them to the same final "), results
 
 
 def replay_settings(results: dict) -> None:
@@ -95,34 +82,10 @@ def replay_settings(results: dict) -> None:
     assert len(cells) == 3 and all(re.fullmatch(r"[01]\.\d\d \(.+\)|no halving within 33 %", cell) for cell in cells), bound
 
 
-def startup(results: dict) -> None:
-    # a fresh start and a resume each timed from Tune asking Ray for the trial's process, phase
-    # by phase beside the floor's; the worker's phases sum to less than the whole; Ray's processes listed
-    entry = results["startup_1w"]
-    header, *rows = entry["rows"]
-    assert header == ["phase", "fresh start (s)", "resume (s)", "floor (s)"]
-    phases = {row[0]: row[1:] for row in rows}
-    assert {"trainer", "workers", "imports", "model", "first_loop"} <= phases.keys()
-    [total] = [cells for name, cells in phases.items() if name.startswith("**Tune asks")]
-    for column in (0, 1):
-        assert 0 < sum(phases[name][column] for name in ("imports", "model", "first_loop")) < total[column]
-    assert entry["settings"]["resumes"] == 1 and [t["what"] for t in entry["targets"]] == [
-        "a fresh start vs the floor", "a resume vs the floor"]
-    ray_table = entry["notes"][-1].splitlines()
-    assert any(line.startswith("| Trial |") for line in ray_table) and any("Controller" in line for line in ray_table), ray_table
-
-
 def tracking_server(results: dict) -> None:
     # both servers answered as detsweep's user, the shipped one with the credential cache
     rows = results["tracking_server"]["rows"][1:]
     assert [row[0] for row in rows] == ["MLflow's default (no credential cache)", "as shipped (credentials cached 60 s)"]
-
-
-def tracking_load(results: dict) -> None:
-    # the server went down twice mid-run, and every write still landed
-    rows = dict(map(tuple, results["tracking_load"]["rows"][1:]))
-    assert len(rows["server restarts (after write n)"].split(", ")) == 2 and rows["lost writes"] == 0
-    assert rows["checkpoints READY"] == "12/12" and all(t["met"] for t in results["tracking_load"]["targets"])
 
 
 def scaling_gpu(results: dict) -> None:
@@ -132,8 +95,8 @@ def scaling_gpu(results: dict) -> None:
     assert all(row[5] == "n/a (CPU)" for row in rows) and rows[0][4] == 1.0, rows
 
 
-SPECIFIC = {"allocator": allocator, "early_stopping": early_stopping, "tracking_load": tracking_load, "replay_settings": replay_settings, "startup": startup,
-            "tracking_server": tracking_server, "train_step": train_step, "scaling_gpu": scaling_gpu}
+SPECIFIC = {"allocator": allocator, "replay_settings": replay_settings, "tracking_server": tracking_server,
+            "scaling_gpu": scaling_gpu}
 
 
 def test_the_gpu_benchmark_refuses_a_machine_without_gpus_in_one_line(tmp_path):

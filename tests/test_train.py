@@ -230,7 +230,7 @@ def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_
 def test_ray_train_polls_its_workers_every_half_second_unless_the_user_sets_it():
     """A milestone's report and a trial's end wait for Ray Train's poll (README, *Reports: why
     two channels*): Ray Train's controller, an actor of the job ``connect`` starts, reads
-    detsweep's 0.5 s. (A user's own value wins: the next test sets 10 s and counts on it.)"""
+    detsweep's 0.5 s. (A user's own value wins: the next test sets 5 s and counts on it.)"""
     probe = ("import os, ray; from detsweep.adapters.ray import POLL_INTERVAL; from detsweep.cluster import connect; connect(); "
              "print(ray.get(ray.remote(lambda: os.environ.get(POLL_INTERVAL)).remote()))")
     env = {name: value for name, value in os.environ.items() if name != "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"}
@@ -239,7 +239,7 @@ def test_ray_train_polls_its_workers_every_half_second_unless_the_user_sets_it()
 
 
 def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_checkpoints_steps():
-    """Ray Train drains one report per poll of its workers; polls are 10 s apart here. Loops of
+    """Ray Train drains one report per poll of its workers; polls are 5 s apart here. Loops of
     one step go to the driver's queue without waiting for a poll: many arrive between two polls.
     Only the milestones pass through Ray Train: with ``train.evaluation: async`` each evaluation
     step saves a checkpoint, which a Ray task of its own evaluates while rank 0 trains on; loops
@@ -250,7 +250,7 @@ def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_
         [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
          "--set", "train.steps_per_loop=1", "--set", "train.eval_every=10", "--set", "train.checkpoint_every=0",
          "--set", "train.evaluation=async"],
-        cwd=REPO, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "10"})
+        cwd=REPO, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "5"})
     assert result.returncode == 0, result.stderr[-3000:]
     flow = json.loads(result.stdout.strip().splitlines()[-1])
     loops = [(step, milestone) for kind, step, milestone, *_ in flow["arrived"] if kind == "loop"]
