@@ -1,8 +1,7 @@
 """Sweeps on the cluster we ship, with the real parts on loopback: Ray's own autoscaler
 starting worker nodes from zero (the ``fake_multinode`` provider: real raylets), and results
-and data in an S3 bucket (moto's server). Each autoscaling test gets a cluster of its own;
-the S3 server is started once for the run (``conftest.s3``). A PBT sweep on data in a bucket
-runs on the two-node cluster (``test_two_node_cluster.py``)."""
+and data in an S3 bucket (moto's server, started once for the run: ``conftest.s3``). A PBT
+sweep on data in a bucket runs on the two-node cluster (``test_two_node_cluster.py``)."""
 
 from __future__ import annotations
 
@@ -129,44 +128,6 @@ TWO_TRIALS = """  metric: train/loss
   space:
     optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.001, max: 0.02}
 """
-
-
-@pytest.mark.timeout(900)
-def test_a_sweep_on_a_cluster_that_autoscales_from_zero_waits_for_its_nodes_runs_and_they_go_away(
-        autoscaling, tmp_path):
-    """The head trains nothing and no worker node is up: ``launch`` on the head (where ``ray
-    up`` leaves the cluster config as ``~/ray_bootstrap_config.yaml``) sizes the sweep by the
-    worker type, says what it waits for while the autoscaler adds nodes, runs both trials at
-    once on two new nodes, and the nodes go away once idle. Without a cluster config the
-    nodes alive are all there is: the sweep is refused in one line, nothing started."""
-    assert not autoscaling.worker_nodes()  # from zero
-    sweep = tiny_cluster_sweep(tmp_path, "autoscaled", TWO_TRIALS)
-    head_home = tmp_path / "head-home"
-    head_home.mkdir()
-    (head_home / "ray_bootstrap_config.yaml").write_text(autoscaling.config.read_text())
-
-    refused = run_cli("launch", str(sweep), "--address", autoscaling.address, cwd=tmp_path, env=autoscaling.env,
-                      timeout=300)
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert refused.stderr == (f"detsweep: error: {sweep}: base.scaling.cpus_per_worker: found 1, expected <= 0 (the "
-                              "most CPUs any node alive has; for the node types an autoscaler can add: "
-                              "--cluster-config FILE)\n")
-    assert not (tmp_path / "ray").exists() and not autoscaling.worker_nodes()
-
-    result = run_cli("launch", str(sweep), "--address", autoscaling.address, "--json", cwd=tmp_path,
-                     env={**autoscaling.env, "HOME": str(head_home)}, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    assert [trial["status"] for trial in report["trials"]] == ["TERMINATED", "TERMINATED"]
-    assert all(trial["metrics"]["step"] == 10 for trial in report["trials"])
-    waits = [line for line in result.stderr.splitlines() if line.startswith("waiting for ")]
-    assert waits and all(line.endswith("trial worker(s): the autoscaler starts them") for line in waits), result.stderr
-    assert any(f"node of type {WORKER_TYPE} " in line or f"nodes of type {WORKER_TYPE} " in line for line in waits)
-    # both trials ran side by side: two nodes of one CPU, as the config lets the cluster grow
-    starts = [line for line in result.stderr.splitlines() if " started: " in line]
-    first_report = next(i for i, line in enumerate(result.stderr.splitlines()) if " step 5/10" in line)
-    assert len(starts) == 2 and all(result.stderr.splitlines().index(line) < first_report for line in starts)
-    wait_until(lambda: not autoscaling.worker_nodes(), 120, "the idle worker nodes were not removed")
 
 
 # --- bounded checkpoints that PBT can still use -----------------------------------------
@@ -302,16 +263,23 @@ def kill_raylet(node_id: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_worker_node_lost_mid_trial_and_a_tracking_server_outage_lose_no_step(autoscaling, s3, tmp_path):
-    """Once a checkpoint is in the bucket, the MLflow server goes away for 15 s and the node
-    that holds the trial's training worker is killed. The trial's own process and Ray Train's
-    controller run on the head (the trial asks for the head's own resource), so the node took
-    only the worker: Ray Train restarts it from that checkpoint on a node the autoscaler adds
-    and the trial ends at exactly num_steps. What the trial logged while the server was away
-    is retried and arrives once it is back: the trial keeps one MLflow run with every loop
-    once, in order (loops of 2 steps, most of them past Ray Train, which polls its workers
-    only every 5 s here, down the report channel); the steps trained twice are on the run,
-    and none is older than the checkpoint the kill found."""
+def test_a_sweep_on_a_cluster_that_autoscales_from_zero_loses_a_node_mid_trial_and_its_tracking_server_and_no_step(
+        autoscaling, s3, tmp_path):
+    """The head trains nothing and no worker node is up. Without a cluster config the nodes
+    alive are all there is: the sweep is refused in one line, nothing started. ``launch`` on
+    the head (where ``ray up`` leaves the cluster config as ``~/ray_bootstrap_config.yaml``)
+    sizes the sweep by the worker type, says what it waits for while the autoscaler adds nodes,
+    and runs both trials at once on two new nodes. Once a checkpoint is in the bucket, the
+    MLflow server goes away for 15 s and the node that holds one trial's training worker is
+    killed. Each trial's own process and Ray Train's controller run on the head (the trial asks
+    for the head's own resource), so the node took only the worker: Ray Train restarts it from
+    that checkpoint on a worker node alive (one the autoscaler adds, or the other trial's once
+    that one is done), and the trial ends at exactly num_steps.
+    What the trials logged while the server was away is retried and arrives once it is back:
+    each trial keeps one MLflow run with every loop once, in order (loops of 2 steps, most of
+    them past Ray Train, which polls its workers only every 5 s here, down the report channel);
+    the steps trained twice are on the restarted trial's run, and none is older than the
+    checkpoint the kill found. Idle, the nodes go away."""
     import subprocess
     import sys
 
@@ -322,9 +290,16 @@ def test_a_worker_node_lost_mid_trial_and_a_tracking_server_outage_lose_no_step(
 
     assert not autoscaling.worker_nodes()  # from zero
     bucket = s3.new_bucket("spot")
-    one_trial = "  metric: train/loss\n  mode: min\n  num_samples: 1\n"
-    sweep = tiny_cluster_sweep(tmp_path, "spot", one_trial, storage=f"s3://{bucket}/ray", num_steps=40, every=10,
+    sweep = tiny_cluster_sweep(tmp_path, "spot", TWO_TRIALS, storage=f"s3://{bucket}/ray", num_steps=40, every=10,
                                loop=2)
+    refused = run_cli("launch", str(sweep), "--address", autoscaling.address, cwd=tmp_path,
+                      env={**s3.env, **autoscaling.env}, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr == (f"detsweep: error: {sweep}: base.scaling.cpus_per_worker: found 1, expected <= 0 (the "
+                              "most CPUs any node alive has; for the node types an autoscaler can add: "
+                              "--cluster-config FILE)\n")
+    assert not s3.keys(bucket, "ray/") and not autoscaling.worker_nodes()
+
     head_home = tmp_path / "head-home"
     head_home.mkdir()
     (head_home / "ray_bootstrap_config.yaml").write_text(autoscaling.config.read_text())
@@ -338,61 +313,77 @@ def test_a_worker_node_lost_mid_trial_and_a_tracking_server_outage_lose_no_step(
             start_new_session=True)
         try:
             wait_for_train_metric(uri)
-            wait_until(lambda: registered_steps_in_bucket(s3, bucket), 400,
-                       "Ray Train registered no checkpoint of its run in the bucket")
+            wait_until(lambda: len(registered_steps_in_bucket(s3, bucket)) == 2, 400,
+                       "Ray Train registered no checkpoint of each trial's run in the bucket")
         except BaseException:
             kill_session(launch)
             raise
-    down_at = time.monotonic()  # the server is stopped; the trial trains on
+    down_at = time.monotonic()  # the server is stopped; the trials train on
     try:
-        [worker] = [actor for actor in actors_of(autoscaling, "RayTrainWorker") if actor.state == "ALIVE"]
+        workers = [actor for actor in actors_of(autoscaling, "RayTrainWorker") if actor.state == "ALIVE"]
         head = autoscaling.head_node()
-        assert worker.node_id != head
-        for kept in ("Trial", "TrainController"):  # the trial (ending_on_stop names its class so) and its controller
+        assert len(workers) == 2 and head not in {worker.node_id for worker in workers}, workers
+        for kept in ("Trial", "TrainController"):  # each trial (ending_on_stop names its class so) and its controller
             assert {actor.node_id for actor in actors_of(autoscaling, kept) if actor.state == "ALIVE"} == {head}, kept
-        # by construction, not by chance: the trial's placement asks for the head's own resource
+        # by construction, not by chance: each trial's placement asks for the head's own resource
         groups = list_placement_groups(address=autoscaling.dashboard, detail=True, raise_on_missing_output=False)
         assert any("node:__internal_head__" in bundle["unit_resources"] for group in groups
                    if group.state == "CREATED" for bundle in group.bundles)
-        checkpointed = max(registered_steps_in_bucket(s3, bucket))
+        checkpointed = registered_steps_in_bucket(s3, bucket)
+        worker = workers[0]
         kill_raylet(worker.node_id)
         time.sleep(max(0.0, 15 - (time.monotonic() - down_at)))  # the outage lasts 15 s: past the writer's 10 s backoff
         with mlflow_server(tmp_path, port=port):
             stdout, stderr = launch.communicate(timeout=time_left())
             assert launch.returncode == 0, stderr[-3000:]
-            check_restarted_trial(json.loads(stdout), checkpointed, s3)
+            report = json.loads(stdout)
+            check_restarted_trial(report, checkpointed, s3)
     finally:
         kill_session(launch)
+    # it waited for the autoscaler, and ran both trials side by side: two nodes of one CPU each
+    waits = [line for line in stderr.splitlines() if line.startswith("waiting for ")]
+    assert waits and all(line.endswith("trial worker(s): the autoscaler starts them") for line in waits), stderr
+    assert any(f"node of type {WORKER_TYPE} " in line or f"nodes of type {WORKER_TYPE} " in line for line in waits)
+    starts = [line for line in stderr.splitlines() if " started: " in line]
+    first_report = next(i for i, line in enumerate(stderr.splitlines()) if " step 2/40" in line)
+    assert len(starts) == 2 and all(stderr.splitlines().index(line) < first_report for line in starts), stderr
     # a write hit the outage and was retried: the trial's process said so, in the sweep's log
     [log] = (tmp_path / "logs").glob("launch-*.log")  # a sweep in a bucket keeps its log where it was launched
     assert "failed (" in log.read_text() and "retrying in" in log.read_text()
     assert not foreign_lines(stderr), foreign_lines(stderr)
-    workers_on = {actor.node_id for actor in actors_of(autoscaling, "RayTrainWorker")}
-    assert worker.node_id in workers_on and workers_on - {worker.node_id, head}, workers_on  # a new node took over
+    # the lost worker's successor: on a worker node still alive (a new one, or the other trial's once it was done)
+    started_since = {actor.node_id for actor in actors_of(autoscaling, "RayTrainWorker")
+                     if actor.actor_id not in {w.actor_id for w in workers}}
+    assert started_since and not started_since & {worker.node_id, head}, (started_since, worker.node_id)
+    wait_until(lambda: not autoscaling.worker_nodes(), 120, "the idle worker nodes were not removed")
 
 
-def check_restarted_trial(report: dict, checkpointed: int, s3) -> None:
-    """The trial ended at step 40 from the checkpoint at ``checkpointed``: every loop on Tune's
-    record once, one MLflow run with every step, nothing lost, Ray Train's one restart on it,
-    and what it trained twice after that checkpoint."""
+def check_restarted_trial(report: dict, checkpointed: dict[str, int], s3) -> None:
+    """Both trials ended at step 40, every loop on Tune's record once, one MLflow run each with
+    every step, nothing lost; on the run of the one whose worker's node was lost, Ray Train's
+    one restart, and what it trained twice after its checkpoint at ``checkpointed[trial]``."""
     from detsweep.tracking.trial_run import ReplayedSteps
 
-    assert checkpointed < 40  # the kill landed mid-training
-    [trial] = report["trials"]
-    assert trial["status"] == "TERMINATED" and trial["metrics"]["step"] == 40, trial
+    assert [(t["status"], t["metrics"]["step"]) for t in report["trials"]] == [("TERMINATED", 40)] * 2, report["trials"]
     bucket, prefix = report["path"].removeprefix("s3://").split("/", 1)
-    [result] = [key for key in s3.keys(bucket, prefix) if key.endswith(f"trial_{trial['trial_id']}/result.json")]
-    rows = s3.client().get_object(Bucket=bucket, Key=result)["Body"].read().decode().splitlines()
-    assert [json.loads(row)["step"] for row in rows] == list(range(2, 41, 2))  # went on from the checkpoint: no step twice
-    run = check_mlflow_runs(report, num_steps=40, every=2, eval_every=10, registered=False)[trial["trial_id"]]
-    assert "detsweep.lost_writes" not in run.data.tags
-    # Ray Train saw the dead worker and restarted the group once; what it trained again (if
+    for trial in report["trials"]:
+        [result] = [key for key in s3.keys(bucket, prefix) if key.endswith(f"trial_{trial['trial_id']}/result.json")]
+        rows = s3.client().get_object(Bucket=bucket, Key=result)["Body"].read().decode().splitlines()
+        assert [json.loads(row)["step"] for row in rows] == list(range(2, 41, 2))  # no step twice, none missing
+    runs = check_mlflow_runs(report, num_steps=40, every=2, eval_every=10, registered=False)
+    assert not [run for run in runs.values() if "detsweep.lost_writes" in run.data.tags]
+    # Ray Train saw the dead worker and restarted that trial's group once; what it trained again (if
     # loops past the checkpoint had been passed on before the kill) is after that checkpoint.
     # It can come in two ranges: a loop that ends in a checkpoint waits for Ray Train's poll,
     # while the loops after it pass down the channel; the node took the waiting one with it.
-    assert run.data.tags["detsweep.worker_failures"].startswith("1: "), run.data.tags
-    replayed = ReplayedSteps.parse(run.data.tags.get("detsweep.replayed_steps", "")).ranges
-    assert all(checkpointed < first <= last < 40 for first, last in replayed), (replayed, checkpointed)
+    restarts = {trial_id: run.data.tags["detsweep.worker_failures"] for trial_id, run in runs.items()
+                if "detsweep.worker_failures" in run.data.tags}
+    assert len(restarts) == 1, (restarts, checkpointed)
+    [restarted] = restarts
+    tags = runs[restarted].data.tags
+    assert checkpointed[restarted] < 40 and tags["detsweep.worker_failures"].startswith("1: "), (checkpointed, tags)
+    replayed = ReplayedSteps.parse(tags.get("detsweep.replayed_steps", "")).ranges
+    assert all(checkpointed[restarted] < first <= last < 40 for first, last in replayed), (replayed, checkpointed)
     assert all(earlier[1] < later[0] for earlier, later in zip(replayed, replayed[1:])), replayed
 
 
@@ -412,19 +403,24 @@ def wait_for_train_metric(uri: str, timeout_s: float = 300) -> int:
     raise AssertionError("no trial logged a training step in time")
 
 
-def registered_steps_in_bucket(s3, bucket: str) -> list[int]:
-    """The steps of the checkpoints Ray Train's checkpoint manager has registered for the
-    sweep's run in ``bucket`` (its snapshot there): the ones a restart goes on from. (A
-    checkpoint saved but not yet reported, for a poll that never came, is not one: a restart
-    goes back before it.)"""
-    steps = []
+def registered_steps_in_bucket(s3, bucket: str) -> dict[str, int]:
+    """By trial id, the last step of the checkpoints Ray Train's checkpoint manager has
+    registered for the trial's run in ``bucket`` (its snapshot there): the ones a restart goes
+    on from. (A checkpoint saved but not yet reported, for a poll that never came, is not one:
+    a restart goes back before it.)"""
+    import re
+
+    steps: dict[str, int] = {}
     for key in s3.keys(bucket, "ray/"):
-        if "-train-" in key and key.endswith("/checkpoint_manager_snapshot.json"):
+        run = re.search(r"-train-([^/]+?)-\d{8}-\d{6}/(?:.*/)?checkpoint_manager_snapshot\.json$", key)
+        if run:  # a trial's Ray Train run: <sweep>-train-<trial id>-<start>
             body = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
             try:
-                steps += [int(result["metrics"]["step"]) for result in json.loads(body)["checkpoint_results"]]
+                found = [int(result["metrics"]["step"]) for result in json.loads(body)["checkpoint_results"]]
             except (ValueError, KeyError):  # being written
-                pass
+                continue
+            if found:
+                steps[run[1]] = max(steps.get(run[1], 0), *found)
     return steps
 
 

@@ -72,7 +72,10 @@ class NodeMonitor:
     def close(self) -> None:
         self.starting.join(timeout=60)
         if self.monitor is not None:
-            self.monitor.finish()
+            try:  # its last sample: a tracking server away at the training's end must not fail the training
+                self.monitor.finish()
+            except Exception as error:
+                logging.getLogger(__name__).warning("the node's last system metrics were not logged: %s", error)
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
