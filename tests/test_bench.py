@@ -16,7 +16,6 @@ from .conftest import REPO, run_bounded
 
 # What each benchmark of ``bench.run_all`` records, by its name there.
 RECORDS = {"allocator": {"allocator"}, "input_pipeline": {"input_pipeline"}, "zoo_retinanet": {"zoo_retinanet"},
-           "scaling": {"scaling_cpu"}, "scaling_gpu": {"scaling_gpu"}, "replay_settings": {"replay_settings"},
            "tracking_server": {"tracking_server"}}
 
 
@@ -24,11 +23,14 @@ RECORDS = {"allocator": {"allocator"}, "input_pipeline": {"input_pipeline"}, "zo
 RUN_BY = {"int8_export": "tests/test_int8_export.py"}
 
 # Benchmarks whose smoke run would only take a path these tests take on every run: a trial's
-# start and resume, a sweep under FIFO and under halving, the loop with and without Ray Train,
-# a tracking server restarted under a trial's writes. ``make bench-smoke`` runs them; the
-# suite does not pay for them twice.
+# start and resume, a sweep under FIFO and under halving, the loop with and without Ray Train
+# and on two workers, two logical devices standing in for GPUs, a scheduler replayed on
+# recorded curves, a tracking server restarted under a trial's writes. ``make bench-smoke``
+# runs them; the suite does not pay for them twice.
 PATH_TAKEN_BY = {"startup": "tests/test_sweep_runs.py", "early_stopping": "tests/test_sweep_runs.py",
-                 "train_step": "tests/test_train.py", "tracking_load": "tests/test_cluster_sweeps.py"}
+                 "train_step": "tests/test_train.py", "scaling": "tests/test_train.py",
+                 "scaling_gpu": "tests/test_train_step.py", "replay_settings": "tests/test_schedulers.py",
+                 "tracking_load": "tests/test_cluster_sweeps.py"}
 
 
 def test_every_benchmark_is_smoked_here_or_takes_a_path_another_test_takes():
@@ -67,36 +69,13 @@ def allocator(results: dict) -> None:
     assert pair == 1 and ratio == tcmalloc / glibc == results["allocator"]["targets"][0]["measured"]
 
 
-def replay_settings(results: dict) -> None:
-    # it replayed the shipped quickstart's scheduler on the recorded curves (bench/curves.json)
-    assert [row[0] for row in results["replay_settings"]["rows"][1:]] == ["FIFO", "quickstart (sweeps/quickstart.yaml)"]
-    notes = results["replay_settings"]["notes"]
-    assert "| eval/loss |" in notes[2] and "| eval/loss |" in notes[4]  # the early-signal and the ranks tables
-    # the best recorded configuration is first by its own objective at the last step
-    assert notes[4].splitlines()[2].startswith("| eval/AP_best |") and notes[4].splitlines()[2].endswith("| 1 |")
-    # the halving bound: a row per metric, a likelihood or "no halving" in each column
-    bound = notes[-1].splitlines()
-    assert bound[0] == "| metric | rungs anywhere | rungs from step 40 | rungs that rank signal |"
-    assert bound[2].startswith("| eval/AP_best |")
-    cells = [cell.strip() for cell in bound[2].strip("| ").split("|")][1:]
-    assert len(cells) == 3 and all(re.fullmatch(r"[01]\.\d\d \(.+\)|no halving within 33 %", cell) for cell in cells), bound
-
-
 def tracking_server(results: dict) -> None:
     # both servers answered as detsweep's user, the shipped one with the credential cache
     rows = results["tracking_server"]["rows"][1:]
     assert [row[0] for row in rows] == ["MLflow's default (no credential cache)", "as shipped (credentials cached 60 s)"]
 
 
-def scaling_gpu(results: dict) -> None:
-    # two logical CPU devices stood in (float32 without XLA alone at the smoke's size): one device and both
-    rows = results["scaling_gpu"]["rows"][1:]
-    assert [row[:3] for row in rows] == [["float32", "off", 1], ["float32", "off", 2]], rows
-    assert all(row[5] == "n/a (CPU)" for row in rows) and rows[0][4] == 1.0, rows
-
-
-SPECIFIC = {"allocator": allocator, "replay_settings": replay_settings, "tracking_server": tracking_server,
-            "scaling_gpu": scaling_gpu}
+SPECIFIC = {"allocator": allocator, "tracking_server": tracking_server}
 
 
 def test_the_gpu_benchmark_refuses_a_machine_without_gpus_in_one_line(tmp_path):
