@@ -25,7 +25,8 @@ test: $(INSTALLED) $(BROWSER)
 bench: $(INSTALLED) tcmalloc
 	$(BIN)/python -m bench.run_all
 
-# Each benchmark at a tiny size, only to check that the scripts run (tests/test_bench.py runs it).
+# Each benchmark at a tiny size, only to check that the scripts run (tests/test_bench.py runs those
+# whose path no other test takes, and names the others).
 bench-smoke: $(INSTALLED) tcmalloc
 	$(BIN)/python -m bench.run_all --smoke --out $(CURDIR)/demo-out/bench-smoke.json
 
