@@ -468,13 +468,14 @@ def test_training_batches_apply_the_configs_augmentation():
     seed and order): with ``random_horizontal_flip: 1`` every image and its boxes are those
     without augmentation, mirrored; with no augmentation they are not."""
     from detsweep.data import load_dataset
+    from detsweep.data.augment import build_augmentations
     from detsweep.train.loop import distributed_batches
 
     def first_batch(*overrides: str) -> tuple[np.ndarray, np.ndarray]:
         config = load_trial_config(QUICKSTART, ["data.train.num_images=8", "data.augmentation={}", *overrides])
         train_set = load_dataset(config.data.train)
-        images, targets = next(distributed_batches(tf.distribute.get_strategy(), train_set,
-                                                   InputSpec.of(config.model), config, step=0))
+        images, targets = next(distributed_batches(tf.distribute.get_strategy(), train_set, InputSpec.of(config.model),
+                                                   config, 0, build_augmentations(config.data.augmentation)))
         return images.numpy(), targets["boxes"].numpy()
 
     plain, plain_boxes = first_batch()

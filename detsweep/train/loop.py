@@ -151,10 +151,10 @@ def with_first_report_extras(report: Reporter, extras: Callable[[], tuple[dict, 
 
 
 def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSet, spec: InputSpec,
-                        config: TrialConfig, step: int, augmentations: Augmentations | None = None) -> Iterator:
+                        config: TrialConfig, step: int, augmentations: Augmentations) -> Iterator:
     """Each worker's shard of the training batches from ``step`` on: the batches an unbroken
     run would train on there, so that a run paused and resumed (halving, PBT, a lost worker)
-    trains as one that never stopped; ``augmentations``: as built already (default: the config's)."""
+    trains as one that never stopped, with ``augmentations`` (built once, from the config's)."""
     train = config.train
 
     def input_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -164,7 +164,7 @@ def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSe
         print(f"input pipeline {index + 1} of {shards}: {len(range(index, len(train_set.examples), shards))} "
               f"of {len(train_set.examples)} training images", flush=True)
         return training_dataset(
-            train_set, spec, config.data.augmentation if augmentations is None else augmentations,
+            train_set, spec, augmentations,
             batch_size=input_context.get_per_replica_batch_size(train.batch_size),
             seed=train.seed + 1000 * index,
             shard=(shards, index),
