@@ -1,10 +1,10 @@
 """Sweeps run for real: ``detsweep launch``, ``status`` and ``resume`` on a local Ray cluster,
 with ASHA (synchronous, and on evaluations beside training: the session's trained sweep), a
-diverging trial, and BOHB's HyperBand resumed after its driver was killed twice. A time
-budget, on a terminal, stops a fine-tuning sweep (``test_finetune.py``). Optuna and
-PBT run on the two-node cluster (``test_two_node_cluster.py``); a killed driver's sweep is
-resumed from its bucket, and a trial whose worker's node is lost during a tracking server's
-outage ends from its checkpoint there (``test_cluster_sweeps.py``).
+diverging trial, and BOHB's HyperBand in a bucket resumed from the bucket alone on another
+machine after its driver was killed twice. A time budget, on a terminal, stops a fine-tuning
+sweep (``test_finetune.py``). Optuna and PBT run on the two-node cluster
+(``test_two_node_cluster.py``); a trial whose worker's node is lost during a tracking
+server's outage ends from its checkpoint in a bucket (``test_cluster_sweeps.py``).
 
 Trials are tiny (synthetic 128 px images, 20-40 steps), so most of each test is Ray
 starting trials; every test runs its sweep once and checks all it can on it.
@@ -13,6 +13,7 @@ starting trials; every test runs its sweep once and checks all it can on it.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from .conftest import (
     run_cli,
 )
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui
-from .tiny_sweeps import launch_json, lr_of, results_of, tiny_sweep
+from .tiny_sweeps import launch_json, lr_of, results_of, shapes_in_bucket, tiny_sweep
 
 
 @pytest.fixture(scope="module")
@@ -157,32 +158,51 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(trained_sweep):
     check_mlflow_runs(report, num_steps=150, every=25, eval_every=75, registered=False)
 
 
-def saved_trials(experiment: Path) -> dict[str, tuple[str, int]]:
-    """Each trial's status and last step in Tune's saved experiment state (what a resume reads)."""
+def saved_trials(experiment: str) -> dict[str, tuple[str, int]]:
+    """Each trial's status and last step in Tune's saved experiment state (what a resume reads),
+    at a folder or a bucket's URI."""
     from ray.tune import ExperimentAnalysis
 
     try:
-        trials = ExperimentAnalysis(str(experiment)).trials
-    except (ValueError, FileNotFoundError, json.JSONDecodeError):  # not written yet, or mid-write
+        trials = ExperimentAnalysis(experiment).trials
+    except (ValueError, FileNotFoundError, OSError, json.JSONDecodeError):  # not written yet, or mid-write
         return {}
     return {trial.trial_id: (trial.status, (trial.last_result or {}).get("step", 0)) for trial in trials}
 
 
+def results_in_bucket(s3, experiment: str) -> dict[str, list[dict]]:
+    """``results_of`` for a sweep kept in a bucket: every result Tune recorded, per trial id."""
+    bucket, prefix = experiment.removeprefix("s3://").split("/", 1)
+    found = sorted(key for key in s3.keys(bucket, f"{prefix}/") if re.fullmatch(rf"{prefix}/trial_[^/]+/result\.json", key))
+    return {key.split("/")[-2].removeprefix("trial_"): [json.loads(line) for line in s3.read(f"s3://{bucket}/{key}").splitlines()
+                                                       if line.strip()] for key in found}
+
+
 @pytest.mark.upgrade_check
-def test_bohb_resumed_after_its_driver_died_with_trials_waiting_and_after_a_ranking_ranks_the_bracket_once(tmp_path):
+def test_bohb_resumed_from_its_bucket_alone_after_its_driver_died_with_trials_waiting_and_after_a_ranking_ranks_the_bracket_once(
+        s3, tmp_path, monkeypatch):
     """``algorithm: bohb``: HyperBand counts reports (3 here, one every 10 steps); with a factor
     of 3 its largest bracket holds 3 trials, ranks them at their first report, keeps 1 and
     trains it to the end. Two trials at a time: the first two pause at step 10 and wait for
-    the third. The driver is killed while they wait, and again once the bracket was ranked and
-    the trial it kept trained past step 10. Each ``resume`` rebuilds the bracket from the trials
-    and the searcher from its saved state: the waiting trials are not started before the
-    ranking, the bracket is ranked once (the lower loss at step 10 goes on from its own
-    checkpoint there, on the same MLflow run; the others stop where they paused and never train
-    again), and a resume of the finished sweep trains nothing."""
+    the third. The sweep's data and results are in a bucket. The driver is killed while they
+    wait; ``status`` of the bucket's URI says trials did not end. Nothing of the first machine
+    is used again (another folder, an empty data cache, its logs gone) but its MLflow (a
+    cluster's server would be elsewhere too): ``resume`` of the bucket's URI finds the sweep's
+    MLflow by itself. It is killed again once the bracket was ranked and the trial it kept
+    trained past step 10. Each ``resume`` rebuilds the bracket from the trials and the searcher
+    from its saved state: the waiting trials are not started before the ranking, the bracket
+    is ranked once (the lower loss at step 10 goes on from its own checkpoint there, on the
+    same MLflow run, which says what it restored; the others stop where they paused and never
+    train again), and a resume of the finished sweep trains nothing."""
+    import shutil
+
     from mlflow import MlflowClient
 
     from .conftest import kill_session, wait_until
 
+    bucket = s3.new_bucket("bohb")
+    data = shapes_in_bucket(s3, tmp_path, bucket)
+    dataset = f"{{format: coco, annotations: {data}/annotations.json, images: {data}/images}}"
     sweep = tiny_sweep(tmp_path, """
   metric: train/loss
   mode: min
@@ -193,11 +213,16 @@ def test_bohb_resumed_after_its_driver_died_with_trials_waiting_and_after_a_rank
   scheduler: {type: hyperband, reduction_factor: 3}
   space:
     optimizer.learning_rate.learning_rate_base: {distribution: log_uniform_values, min: 0.01, max: 0.04}
-""", num_steps=30, every=10)
-    experiment = tmp_path / "ray" / "tiny"
+""", num_steps=30, every=10, storage=f"s3://{bucket}/ray", data=f"{{train: {dataset}, val: {dataset}}}")
+    experiment = f"s3://{bucket}/ray/tiny"
+    for name, value in s3.env.items():  # this process reads Tune's state in the bucket (not connected to Ray)
+        monkeypatch.setenv(name, value)
+    first, second = tmp_path / "first-machine", tmp_path / "second-machine"
+    first.mkdir(), second.mkdir()
 
-    def killed_once(command: list[str], condition, what: str) -> dict[str, tuple[str, int]]:
-        driver = subprocess.Popen([sys.executable, "-m", "detsweep", *command], cwd=tmp_path, env=cli_environment(),
+    def killed_once(command: list[str], machine: Path, condition, what: str) -> dict[str, tuple[str, int]]:
+        driver = subprocess.Popen([sys.executable, "-m", "detsweep", *command], cwd=machine,
+                                  env=cli_environment({**s3.env, "DETSWEEP_DATA_CACHE": str(machine / "cache")}),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_until(lambda: condition(saved_trials(experiment)), 400, what)
@@ -206,21 +231,29 @@ def test_bohb_resumed_after_its_driver_died_with_trials_waiting_and_after_a_rank
             driver.wait()
         return saved_trials(experiment)
 
-    waiting = killed_once(["launch", str(sweep), "--no-register"], lambda saved: sum(
+    waiting = killed_once(["launch", str(sweep), "--no-register"], first, lambda saved: sum(
         state == ("PAUSED", 10) for state in saved.values()) >= 2, "two trials were not saved paused at the rung")
     assert len(waiting) <= 3 and not any(step > 10 for _, step in waiting.values()), waiting
-    ranked = killed_once(["resume", str(experiment), "--no-register"],
+    shutil.rmtree(first / "cache")  # the machine's copy of the data, and its logs, are gone
+    shutil.rmtree(first / "logs", ignore_errors=True)
+    unfinished = run_cli("status", experiment, "--json", cwd=second, env=s3.env, timeout=120)
+    assert any(t["status"] not in ("TERMINATED", "STOPPED") for t in json.loads(unfinished.stdout)["trials"])
+
+    ranked = killed_once(["resume", experiment, "--no-register"], second,
                          lambda saved: any(step >= 20 for _, step in saved.values()),
                          "no trial was saved past the rung after the first resume")
     [kept] = [trial_id for trial_id, (_, step) in ranked.items() if step >= 20]
     stopped = [trial_id for trial_id in ranked if trial_id != kept]
     assert len(ranked) == 3 and [ranked[trial_id] for trial_id in stopped] == [("TERMINATED", 10)] * 2, ranked
-    finished = run_cli("resume", str(experiment), "--json", "--no-register", cwd=tmp_path)
+    on_second = {**s3.env, "DETSWEEP_DATA_CACHE": str(second / "cache")}
+    finished = run_cli("resume", experiment, "--json", "--no-register", cwd=second, env=on_second)
     assert finished.returncode == 0, finished.stderr[-3000:]
     report = json.loads(finished.stdout)
+    assert report["mlflow"]["tracking_uri"] == f"sqlite:///{first / 'mlflow.db'}"  # remembered, not this folder's
+    assert not (second / "mlflow.db").exists()
     assert {t["trial_id"]: (t["status"], t["metrics"]["step"]) for t in report["trials"]} == {
         trial_id: ("TERMINATED", 30) if trial_id == kept else ("STOPPED", 10) for trial_id in ranked}
-    rows = results_of(experiment)
+    rows = results_in_bucket(s3, experiment)
     at_10 = {trial_id: found[0]["train/loss"] for trial_id, found in rows.items()}
     assert min(at_10, key=at_10.get) == kept, at_10  # the ranking's rule
     assert {trial_id: [row["step"] for row in found] for trial_id, found in rows.items() if trial_id != kept} == {
@@ -237,8 +270,8 @@ def test_bohb_resumed_after_its_driver_died_with_trials_waiting_and_after_a_rank
     assert all(client.get_run(by_id[trial_id]["mlflow_run_id"]).data.tags["early_stopped"] == "true"
                for trial_id in stopped)
     # resumed when finished: HyperBand's brackets rebuilt from the trials, nothing trains again
-    again = run_cli("resume", str(experiment), "--json", "--no-register", cwd=tmp_path)
+    again = run_cli("resume", experiment, "--json", "--no-register", cwd=second, env=on_second)
     assert again.returncode == 0, again.stderr[-3000:]
     assert {t["trial_id"]: (t["status"], t["metrics"]["step"]) for t in json.loads(again.stdout)["trials"]} == {
         trial_id: ("TERMINATED", 30) if trial_id == kept else ("STOPPED", 10) for trial_id in ranked}
-    assert results_of(experiment) == rows, results_of(experiment)  # not a row more
+    assert results_in_bucket(s3, experiment) == rows, results_in_bucket(s3, experiment)  # not a row more
