@@ -112,16 +112,24 @@ def test_best_ranks_the_trials_from_mlflow_alone(trained_sweep):
 
 
 @pytest.mark.upgrade_check
-def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(trained_sweep, tmp_path):
+def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(trained_sweep, s3, tmp_path):
     """The user story: the sweep's winner, trained on. Its optimizer state and step are kept,
-    the schedule is stretched to the new end; the run is nested under the source's sweep."""
+    the schedule is stretched to the new end; the run is nested under the source's sweep. A
+    positional CONFIG.yaml is merged over the checkpoint's own config, then ``--set``; its
+    results are in a bucket, as a cluster keeps them."""
     folder, report = trained_sweep
     before = report["best"]["metrics"]["eval/AP_best"]
-    result, out = finetune_json(folder, "--from", "best:source", "--keep-optimizer-state",
-                                "--set", "train.num_steps=160", "--set", "optimizer.learning_rate.total_steps=160")
+    more = tmp_path / "more.yaml"
+    more.write_text("train: {num_steps: 160, eval_every: 50}\n")
+    bucket = s3.new_bucket("finetuned")
+    result = run_cli("finetune", str(more), "--from", "best:source", "--keep-optimizer-state",
+                     "--set", "optimizer.learning_rate.total_steps=160", "--storage", f"s3://{bucket}/finetune", "--json",
+                     cwd=folder, env=s3.env)
     assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout)
     assert out["warm_start"]["fresh"] == [] and out["warm_start"]["step"] == 150 and out["warm_start"]["optimizer_restored"] > 0
     assert out["steps"] == 160 and out["source"]["run_id"] == report["best"]["mlflow_run_id"]
+    assert out["checkpoint"].startswith(f"s3://{bucket}/finetune/")
     assert "fine-tune: " in result.stderr and "weights restored, 0 fresh; training starts at step 150" in result.stderr
     # The source detects something (150 steps scored as low as 0.048 here), well above the
     # allowance below, so the comparison means something.
@@ -146,6 +154,10 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     assert {name: run.data.tags.get(tag) for name, tag in ENVIRONMENT_TAGS.items()} == this_process_environment()
     assert run.data.params["train.fine_tune.checkpoint"] == out["source"]["checkpoint"]
     assert run.data.params["train.fine_tune.keep_optimizer_state"] == "true"
+    params = run.data.params  # the file's, then --set's, over the checkpoint's own
+    assert (params["train.num_steps"], params["train.eval_every"], params["optimizer.learning_rate.total_steps"]) == (
+        "160", "50", "160")
+    assert params["train.checkpoint_every"] == "75" and params["data.train.format"] == "synthetic"  # the checkpoint's own
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [160]
     # the schedule was stretched: the last step (159) trained at the cosine's rate one step
     # before 0 at the new end, 160 (4e-6; the old end, 150, would have made it 0), by hand from

@@ -45,16 +45,7 @@ def test_no_retracing_between_loops_after_evaluation_or_for_a_shorter_last_loop(
 
 
 XLA_SCRIPT = r"""
-import json, sys
-import keras
-from detsweep.config import load_trial_config
-from detsweep.data import load_dataset
-from detsweep.data.pipeline import training_dataset
-from detsweep.data.processing import InputSpec
-from detsweep.train.checkpoint import build_training_state
-from detsweep.train.step import make_train_loop
-
-config = load_trial_config(sys.argv[1], sys.argv[2:])
+config = load_trial_config(sys.argv[1], ["data.train.num_images=16", "optimizer.learning_rate.warmup_steps=0"])
 train_set = load_dataset(config.data.train, verify=False)
 batch = next(iter(training_dataset(train_set, InputSpec(config.model.image_size), config.data.augmentation, 8, seed=0)))
 found = {}
@@ -69,19 +60,17 @@ for jit_compile in (False, True):
     library = loop.get_concrete_function(batches, tf.constant(1)).graph.as_graph_def().library.function
     found[str(jit_compile)] = {"losses": [float(loop(batches, tf.constant(1))["loss"]) for _ in range(4)],
                                "compiled": [f.signature.name for f in library if f.attr["_XlaMustCompile"].b]}
-print(json.dumps(found))
+results["xla"] = found
 """
 
 
-def test_xla_compiles_each_replicas_forward_and_backward_pass_and_two_logical_devices_train_as_without_it():
+def test_xla_compiles_each_replicas_forward_and_backward_pass_and_two_logical_devices_train_as_without_it(
+        two_devices):
     """``train.jit_compile`` on two logical CPU devices standing in for two GPUs, each with 4
     images of the global 8: each replica's forward and backward pass is one XLA function (the
     loop's graph says so), and from the same weights and images four steps with and without it
     give the same losses within float rounding in XLA's fused order, grown by training."""
-    from .conftest import run_on_two_cpu_devices
-
-    found = run_on_two_cpu_devices(XLA_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), "data.train.num_images=16",
-                                   "optimizer.learning_rate.warmup_steps=0", timeout=300)
+    found = two_devices["xla"]
     plain, xla = found["False"], found["True"]
     assert xla["compiled"] and not plain["compiled"], found
     # the first two steps' losses within 1e-4 (3e-5 measured); rounding grows step by step after
@@ -112,13 +101,7 @@ def test_each_worker_plans_its_strategy_over_every_device_of_a_given_device_list
 
 
 TWO_DEVICES_SCRIPT = r"""
-import json, sys
-from detsweep.config import ScalingConfig, load_trial_config
-from detsweep.data import load_dataset
-from detsweep.data.pipeline import training_dataset
-from detsweep.data.processing import InputSpec
-from detsweep.train.checkpoint import build_training_state
-from detsweep.train.step import make_train_loop
+from detsweep.config import ScalingConfig
 from detsweep.train.strategy import DevicesNotAsSized, make_strategy
 
 two = ["/device:CPU:0", "/device:CPU:1"]  # two logical CPU devices stand in for a worker's two GPUs
@@ -135,7 +118,7 @@ for name, scaling, devices in [("two of two", ScalingConfig(use_gpu=True, gpus_p
         found["built"][name] = str(error)
 
 # the step traced on the two-device strategy, every replica context's all-reduce spied on
-config = load_trial_config(sys.argv[1], sys.argv[2:])
+config = load_trial_config(sys.argv[1])
 strategy = make_strategy(ScalingConfig(use_gpu=True, gpus_per_worker=2), two)
 sizes = []  # how many tensors each replica's all-reduce carries
 all_reduce = tf.distribute.ReplicaContext.all_reduce
@@ -154,19 +137,11 @@ batch = next(iter(training_dataset(train_set, InputSpec(config.model.image_size)
 batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch).repeat()))
 loop = make_train_loop(strategy, state.model, losses, state.optimizer, state.moving_average, state.step)
 loop.get_concrete_function(batches, tf.constant(1))  # traced, not run: NCCL has no CPU kernel
+tf.distribute.ReplicaContext.all_reduce = all_reduce
 found["traced"] = {"replicas": strategy.num_replicas_in_sync, "variables": len(state.model.trainable_variables),
                    "sizes": sizes}
-print(json.dumps(found))
+results.update(found)
 """
-
-
-@pytest.fixture(scope="module")
-def two_devices() -> dict:
-    """One process whose CPU is two logical devices (a worker's two GPUs): the strategies
-    ``make_strategy`` builds on device lists, and the all-reduces of a traced step."""
-    from .conftest import run_on_two_cpu_devices
-
-    return run_on_two_cpu_devices(TWO_DEVICES_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), timeout=300)
 
 
 def test_make_strategy_builds_the_planned_strategy_and_refuses_fewer_or_more_replicas_than_sized(two_devices):
@@ -277,7 +252,8 @@ def one_step(config, batch, devices):
 
 found = {}
 for clip in (10.0, 0.0):  # the quickstart's clipping bites at the first step (see the norms)
-    config = load_trial_config(sys.argv[1], [*sys.argv[2:], f"train.gradient_clipping_by_norm={clip}"])
+    config = load_trial_config(sys.argv[1], ["model.use_sync_bn=true", "optimizer.learning_rate.warmup_steps=0",
+                                             f"train.gradient_clipping_by_norm={clip}"])
     train_set = load_dataset(config.data.train, verify=False)
     # 8 different images: one device takes all 8, each of two replicas 4 of them
     batch = next(iter(training_dataset(train_set, InputSpec(128), config.data.augmentation, 8, seed=0)))
@@ -291,6 +267,32 @@ print(json.dumps(found))
 """
 
 
+@pytest.fixture(scope="module")
+def two_devices() -> dict:
+    """One process whose CPU is two logical devices (a worker's two GPUs), for the module's
+    tests that need them (TensorFlow fixes its devices when its runtime starts): a step with
+    and without XLA, then the strategies ``make_strategy`` builds on device lists and the
+    all-reduces of a step traced, not run, on an NCCL strategy. (The step on two replicas
+    against one device has a process of its own: run after these strategies' collectives, its
+    synchronized batch norms' met mismatched collective instance keys.)"""
+    from .conftest import run_on_two_cpu_devices
+
+    imports = """
+import json, sys
+import keras
+from detsweep.config import load_trial_config
+from detsweep.data import load_dataset
+from detsweep.data.pipeline import training_dataset
+from detsweep.data.processing import InputSpec
+from detsweep.train.checkpoint import build_training_state
+from detsweep.train.step import make_train_loop
+results = {}
+"""
+    return run_on_two_cpu_devices(imports + XLA_SCRIPT + TWO_DEVICES_SCRIPT
+                                  + "print(json.dumps(results))\n", str(REPO / "configs" / "quickstart.yaml"),
+                                  timeout=600)
+
+
 def test_two_replicas_with_different_images_step_as_one_device_on_the_same_global_batch():
     """Two logical CPU devices stand in for two GPUs (or two workers), each with 4 different
     images of the global batch of 8: a step gives one device's weights, batch statistics
@@ -301,8 +303,7 @@ def test_two_replicas_with_different_images_step_as_one_device_on_the_same_globa
     gradients differ by more than rounding.)"""
     from .conftest import run_on_two_cpu_devices
 
-    overrides = ["model.use_sync_bn=true", "optimizer.learning_rate.warmup_steps=0"]
-    found = run_on_two_cpu_devices(REPLICA_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), *overrides, timeout=300)
+    found = run_on_two_cpu_devices(REPLICA_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), timeout=300)
     # clipped (the quickstart's setting): every kind of state within 1e-5 of one device's (relative)
     assert max(found["10.0"]["apart"].values()) < 1e-5, found["10.0"]
     # unclipped, the first gradient's norm is ~1000 and rounding in another order shows at
