@@ -207,7 +207,7 @@ import ray, ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.state import list_actors
 
-from detsweep.adapters.ray import HEAD_NODE_RESOURCE, START_TIMEOUT
+from detsweep.adapters.ray import HEAD_NODE_RESOURCE, POLL_INTERVAL, START_TIMEOUT
 from detsweep.cluster import connect
 
 def train(config):
@@ -230,14 +230,18 @@ found["watchers"] = len(list_actors(here, filters=[("class_name", "=", "Preempti
 [controller] = list_actors(here, filters=[("class_name", "=", "TrainController")])
 environ = dict(line.split("=", 1) for line in open(f"/proc/{controller.pid}/environ").read().split("\\0") if "=" in line)
 found["controller_start_timeout"] = environ.get(START_TIMEOUT)
+found["controller_poll_interval"] = environ.get(POLL_INTERVAL)
 found["head_resource"] = ray.cluster_resources().get(HEAD_NODE_RESOURCE)
 print(json.dumps(found))
 """
 
 
 def test_ray_train_polls_fast_patches_no_print_waits_long_for_workers_and_starts_no_preemption_watcher(tmp_path):
-    """One Ray Train run under ``connect``'s settings: reports are taken every 0.5 s, not 2 s (a
-    worker's report waits for the last one's poll); a worker's ``print`` is Python's; the
+    """One Ray Train run under ``connect``'s settings: the controller (an actor of the job
+    ``connect`` starts) reads detsweep's poll interval, and reports are taken every 0.5 s, not
+    2 s (a worker's report waits for the last one's poll: README, *Reports: why two
+    channels*); a user's own value wins (the test above; ``test_train``'s report-flow test sets
+    5 s and counts on it). A worker's ``print`` is Python's; the
     worker runs at nice 0, not Ray's 15; the controller has 1800 s for its workers to start; no
     preemption watcher on one machine; and the head node's own resource is there for the trials'
     processes."""
@@ -257,6 +261,7 @@ def test_ray_train_polls_fast_patches_no_print_waits_long_for_workers_and_starts
     result = run_bounded([sys.executable, "-c", RAY_TRAIN_PROBE, str(tmp_path)], cwd=REPO, env=env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.splitlines()[-1])
+    assert found["controller_poll_interval"] == "0.5"
     assert statistics.median(found["gaps"][1:]) < 1.2, found["gaps"]
     assert found["print"] == "builtins"
     assert found["nice"] == 0
