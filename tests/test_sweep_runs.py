@@ -221,8 +221,10 @@ def test_bohb_resumed_from_its_bucket_alone_after_its_driver_died_with_trials_wa
     first.mkdir(), second.mkdir()
 
     def killed_once(command: list[str], machine: Path, condition, what: str) -> dict[str, tuple[str, int]]:
-        driver = subprocess.Popen([sys.executable, "-m", "detsweep", *command], cwd=machine,
-                                  env=cli_environment({**s3.env, "DETSWEEP_DATA_CACHE": str(machine / "cache")}),
+        # Tune's state reaches the bucket every 2 s (Tune's TUNE_GLOBAL_CHECKPOINT_S; at least
+        # 10 s by default): the kill follows what the test waits for sooner, nothing else changes
+        env = {**s3.env, "DETSWEEP_DATA_CACHE": str(machine / "cache"), "TUNE_GLOBAL_CHECKPOINT_S": "2"}
+        driver = subprocess.Popen([sys.executable, "-m", "detsweep", *command], cwd=machine, env=cli_environment(env),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_until(lambda: condition(saved_trials(experiment)), 400, what)
