@@ -11,6 +11,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -24,6 +25,7 @@ RACCOON_PIPELINE = RACCOON / "training" / "ssd_mobilenet_v1_pets.config"
 # killed with its session, and the test fails with its stderr.
 MARGIN_S = 30
 _deadline = math.inf
+T = TypeVar("T")
 
 
 # Each variable a tool finds its home folders by, and where it points inside the tests' home.
@@ -132,6 +134,15 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     ``timeout`` seconds (or the test's own limit) it is killed with everything it started."""
     command = [sys.executable, "-m", "detsweep.cli", *args]
     return run_bounded(command, cwd=cwd or REPO, env=cli_environment(env), timeout=timeout)
+
+
+def side_by_side(calls: list[Callable[[], T]]) -> list[T]:
+    """Each call's result, two calls at a time: a ``detsweep`` subprocess that reads MLflow or
+    refuses is mostly one core's Python start-up and imports, and the machine has two."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda call: call(), calls))
 
 
 def cli_environment(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from .cluster_parts import WORKER_TYPE, AutoscalingCluster, autoscaling_cluster
-from .conftest import REPO, foreign_lines, run_cli, wait_until, without_the_unread_preset
+from .conftest import REPO, foreign_lines, run_cli, side_by_side, wait_until, without_the_unread_preset
 from .mlflow_checks import check_mlflow_runs
 from .tiny_sweeps import tiny_sweep
 
@@ -40,31 +41,33 @@ def test_the_shipped_sweep_is_sized_against_the_shipped_cluster_file_before_ray_
     """``validate --cluster-config``: the node types the autoscaler can start (eight GPU
     workers of 8 CPUs and 1 GPU) size the trials, and the data is where the nodes will read it."""
     coco_in_bucket(s3, tmp_path)
-    checked = run_cli("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE), "--json", env=s3.env, timeout=120)
+
+    def validate(*overrides: str) -> subprocess.CompletedProcess:
+        return run_cli("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE), "--json",
+                       *[arg for o in overrides for arg in ("--set", o)], env=s3.env, timeout=120)
+
+    # a folder of the nodes' own (staged there, or a shared filesystem) cannot be seen from here: a note
+    staged_at = "base.data.val.images=/data/coco/val2017"
+    refusals = {"base.scaling.cpus_per_worker=16": "base.scaling.cpus_per_worker: found 16, expected <= 8 (the most "
+                                                   "CPUs any node type in ray_cluster.yaml has)",
+                "base.scaling.gpus_per_worker=2": "base.scaling.gpus_per_worker: found 2, expected <= 1 (the most GPUs "
+                                                  "any node type in ray_cluster.yaml has)",
+                "base.data.val.images=s3://my-bucket/coco/val2018": "base.data.val.images: found "
+                                                                    "'s3://my-bucket/coco/val2018', expected a file or "
+                                                                    "folder there",
+                "base.data.val.images=s3://no-such-bucket/coco/val2017": "base.data.val.images: found "
+                                                                         "'s3://no-such-bucket/coco/val2017', expected "
+                                                                         "a file or folder there"}
+    checked, staged, *refused = side_by_side([lambda override=override: validate(*override)
+                                              for override in [(), (staged_at,), *[(o,) for o in refusals]]])
     assert checked.returncode == 0, checked.stderr
     report = json.loads(checked.stdout)
     # 8 GPU nodes, 2 single-GPU workers a trial; the 0-CPU head holds none
     assert (report["trials_at_once"], report["sized_against"]) == (4, "ray_cluster.yaml")
     assert without_the_unread_preset(report["notes"]) == []
-
-    def refused(*overrides: str) -> str:
-        result = run_cli("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE),
-                         *[arg for o in overrides for arg in ("--set", o)], env=s3.env, timeout=120)
+    for result, expected in zip(refused, refusals.values()):
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-        [line] = result.stderr.splitlines()
-        return line.removeprefix(f"detsweep: error: {COCO_GPU}: ")
-
-    assert refused("base.scaling.cpus_per_worker=16") == (
-        "base.scaling.cpus_per_worker: found 16, expected <= 8 (the most CPUs any node type in ray_cluster.yaml has)")
-    assert refused("base.scaling.gpus_per_worker=2") == (
-        "base.scaling.gpus_per_worker: found 2, expected <= 1 (the most GPUs any node type in ray_cluster.yaml has)")
-    assert refused("base.data.val.images=s3://my-bucket/coco/val2018") == (
-        "base.data.val.images: found 's3://my-bucket/coco/val2018', expected a file or folder there")
-    assert refused("base.data.val.images=s3://no-such-bucket/coco/val2017") == (
-        "base.data.val.images: found 's3://no-such-bucket/coco/val2017', expected a file or folder there")
-    # a folder of the nodes' own (staged there, or a shared filesystem) cannot be seen from here: a note
-    staged = run_cli("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE), "--json", "--set",
-                     "base.data.val.images=/data/coco/val2017", env=s3.env, timeout=120)
+        assert result.stderr == f"detsweep: error: {COCO_GPU}: {expected}\n"
     assert staged.returncode == 0, staged.stderr
     assert without_the_unread_preset(json.loads(staged.stdout)["notes"]) == [
         "left to the nodes, which must have it: base.data.val.images: /data/coco/val2017"]

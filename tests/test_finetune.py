@@ -12,19 +12,16 @@ import json
 import math
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import pytest
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, run_cli, side_by_side
 from .mlflow_checks import free_port
 from .tiny_sweeps import tiny_sweep
 
 AP_NOISE = 0.01
-T = TypeVar("T")
 CLASS_LOGITS = {"classification_head/logits_layer/kernel", "classification_head/logits_layer/bias"}
 LIBRARIES = ("ray", "tensorflow", "keras", "keras-hub", "mlflow", "optuna")
 ENVIRONMENT_TAGS = {"python": "detsweep.python"} | {name: f"detsweep.version.{name}" for name in LIBRARIES} | {
@@ -34,15 +31,6 @@ ENVIRONMENT_TAGS = {"python": "detsweep.python"} | {name: f"detsweep.version.{na
 def finetune_json(folder: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     result = run_cli("finetune", *args, "--storage", str(folder / "ray"), "--json", cwd=folder)
     return result, json.loads(result.stdout) if result.returncode in (0, 1) and result.stdout.strip() else None
-
-
-def side_by_side(calls: list[Callable[[], T]]) -> list[T]:
-    """Each call's result, two calls at a time: a ``detsweep`` subprocess that reads MLflow or
-    refuses is mostly one core's Python start-up and imports, and the machine has two."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda call: call(), calls))
 
 
 def trainable_weights(checkpoint: Path, use_average: bool = False) -> dict[str, np.ndarray]:

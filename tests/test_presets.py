@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REPO, run_bounded, run_cli
+from .conftest import REPO, run_bounded, run_cli, side_by_side
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 SWEEP = REPO / "sweeps" / "quickstart.yaml"
@@ -182,15 +182,16 @@ def test_a_detectors_backbone_without_heads_is_refused_by_validate_and_launch_be
     """A sweep names the field in its base; ``launch`` refuses before its MLflow run and Ray."""
     expected = f"detsweep: error: {SWEEP}: base.model.weights: found '{presets['headless']}', {HEADLESS}\n"
     weights = f"base.model.weights={presets['headless']}"
-    validated = run_cli("validate", str(SWEEP), "--set", weights, cwd=tmp_path)
-    assert (validated.returncode, validated.stderr) == (2, expected)
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     try:
-        launched = run_cli("launch", str(SWEEP), "--set", weights, "--set", f"storage={tmp_path / 'ray'}",
-                           cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)}, timeout=120)
+        validated, launched = side_by_side([
+            lambda: run_cli("validate", str(SWEEP), "--set", weights, cwd=tmp_path),
+            lambda: run_cli("launch", str(SWEEP), "--set", weights, "--set", f"storage={tmp_path / 'ray'}",
+                            cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)}, timeout=120)])
         assert not any(ray_tmp.iterdir()), sorted(path.name for path in ray_tmp.rglob("*"))[:20]
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert (validated.returncode, validated.stderr) == (2, expected)
     assert (launched.returncode, launched.stderr) == (2, expected)
     assert not list(tmp_path.iterdir())  # no results folder, no mlflow.db, no log
 
