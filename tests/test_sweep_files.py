@@ -13,7 +13,7 @@ from detsweep.preflight.capacity import Capacity, NodeType, this_machine
 from detsweep.sweeps import load_sweep
 from detsweep.sweeps.launch import validation_report
 
-from .conftest import REPO, run_bounded, run_cli, without_the_unread_preset
+from .conftest import REPO, run_bounded, run_cli, side_by_side, without_the_unread_preset
 from .test_cluster_sweeps import coco_in_bucket
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -451,13 +451,15 @@ def test_a_cluster_address_where_nothing_answers_is_one_line_before_any_data_is_
     from .mlflow_checks import free_port
 
     nobody = f"127.0.0.1:{free_port()}"
-    for command in (["train", str(REPO / "configs" / "quickstart.yaml")], ["launch", str(REPO / "sweeps" / "quickstart.yaml")]):
-        result = run_cli(*command, "--address", nobody, cwd=tmp_path, timeout=60)
+    *to_nobody, to_head = side_by_side([
+        lambda: run_cli("train", str(REPO / "configs" / "quickstart.yaml"), "--address", nobody, cwd=tmp_path, timeout=60),
+        lambda: run_cli("launch", str(REPO / "sweeps" / "quickstart.yaml"), "--address", nobody, cwd=tmp_path, timeout=60),
+        lambda: run_cli("launch", str(REPO / "sweeps" / "quickstart.yaml"), "--address", "head", cwd=tmp_path, timeout=60)])
+    for result in to_nobody:
         assert (result.returncode, result.stderr) == (2, f"detsweep: error: --address {nobody}: no Ray cluster answers "
                                                          "there (Connection refused)\n"), result.stderr[-2000:]
     assert not (tmp_path / "mlflow.db").exists()
-    result = run_cli("launch", str(REPO / "sweeps" / "quickstart.yaml"), "--address", "head", cwd=tmp_path, timeout=60)
-    assert result.stderr == "detsweep: error: --address: found 'head', expected HOST:PORT, ray://HOST:PORT or auto\n"
+    assert to_head.stderr == "detsweep: error: --address: found 'head', expected HOST:PORT, ray://HOST:PORT or auto\n"
 
 
 def test_a_usage_mistake_is_one_line_naming_the_command_and_its_help():
@@ -471,12 +473,13 @@ def test_a_results_folder_this_machine_cannot_make_is_one_line_before_anything_s
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     sweep = REPO / "sweeps" / "quickstart.yaml"
-    result = run_cli("launch", str(sweep), "--set", f"storage={a_file / 'ray'}", cwd=tmp_path, timeout=60)
-    assert (result.returncode, result.stderr) == (2, f"detsweep: error: {sweep}: storage: found '{a_file / 'ray'}', "
-                                                     f"expected a folder this machine can write (cannot make a folder in "
-                                                     f"{a_file}: Not a directory)\n")
-    result = run_cli("train", str(REPO / "configs" / "quickstart.yaml"), "--storage", "/proc/detsweep", cwd=tmp_path,
-                     timeout=60)
+    launched, result = side_by_side([
+        lambda: run_cli("launch", str(sweep), "--set", f"storage={a_file / 'ray'}", cwd=tmp_path, timeout=60),
+        lambda: run_cli("train", str(REPO / "configs" / "quickstart.yaml"), "--storage", "/proc/detsweep", cwd=tmp_path,
+                        timeout=60)])
+    assert (launched.returncode, launched.stderr) == (2, f"detsweep: error: {sweep}: storage: found '{a_file / 'ray'}', "
+                                                         f"expected a folder this machine can write (cannot make a folder "
+                                                         f"in {a_file}: Not a directory)\n")
     assert result.returncode == 2 and result.stderr.startswith("detsweep: error: --storage: found '/proc/detsweep', "
                                                                "expected a folder this machine can write")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # no MLflow, no log, nothing

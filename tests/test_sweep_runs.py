@@ -25,6 +25,7 @@ from .conftest import (
     cli_environment,
     foreign_lines,
     run_cli,
+    side_by_side,
 )
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui
 from .tiny_sweeps import launch_json, lr_of, results_of, shapes_in_bucket, tiny_sweep
@@ -85,12 +86,14 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(ash
     home = tmp_path / "home"
     (home / "ray_results").mkdir(parents=True)
     (home / "ray_results" / "tiny").symlink_to(report["path"])
-    for where, env in ((report["path"], None), (str(sweep), None), ("tiny", {"HOME": str(home)})):
-        status = run_cli("status", where, "--json", env=env)
+    *statuses, shown = side_by_side([
+        *[lambda where=where, env=env: run_cli("status", where, "--json", env=env)
+          for where, env in ((report["path"], None), (str(sweep), None), ("tiny", {"HOME": str(home)}))],
+        lambda: run_cli("status", report["path"])])
+    for status in statuses:
         assert status.returncode == 0, status.stderr
         again = json.loads(status.stdout)
         assert {(t["trial_id"], t["status"]) for t in again["trials"]} == {(t["trial_id"], t["status"]) for t in report["trials"]}
-    shown = run_cli("status", report["path"])
     assert "STOPPED" in shown.stdout and "ERROR" in shown.stdout and f"best trial {report['best']['trial_id']}" in shown.stdout
 
     # MLflow, embedded default: mlflow.db and mlartifacts/ in the working directory

@@ -23,7 +23,7 @@ from detsweep.tracking.checkpoint_models import best_checkpoint, best_of, checkp
 from detsweep.tracking.source import local_copy
 from detsweep.tracking.writer import RetryingWriter
 
-from .conftest import RACCOON, REPO, run_bounded, run_cli
+from .conftest import RACCOON, REPO, run_bounded, run_cli, side_by_side
 from .mlflow_checks import free_port
 
 QUICKSTART_SWEEP = REPO / "sweeps" / "quickstart.yaml"
@@ -480,21 +480,20 @@ def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_
             run.log_report({"step": 10, "eval/AP_best": ap, "train/loss": loss})
             run.finish()
 
-    def best(*flags: str) -> dict:
-        shown = run_cli("best", "quickstart", "--json", *flags, cwd=tmp_path)
-        assert shown.returncode == 0, shown.stderr
-        return json.loads(shown.stdout)
-
-    ranking = best()
+    shown = side_by_side([lambda: run_cli("best", "quickstart", "--json", cwd=tmp_path),
+                          lambda: run_cli("best", "quickstart", "--json", "--metric", "train/loss", "--mode", "min",
+                                          "--top", "2", cwd=tmp_path),
+                          lambda: run_cli("best", "quickstart", "--top", "1", cwd=tmp_path)])
+    assert all(result.returncode == 0 for result in shown), [result.stderr for result in shown]
+    ranking, by_loss = (json.loads(result.stdout) for result in shown[:2])
     assert (ranking["metric"], ranking["mode"]) == ("eval/AP_best", "max") == (sweep.search.metric, sweep.search.mode)
     assert sorted(ranking["parent_run_ids"]) == sorted(parents)
     assert [(t["trial_id"], t["value"]) for t in ranking["trials"]] == [("t_1", 0.3), ("t_3", 0.2), ("t_2", 0.1)]
     assert [t["swept"][lr] for t in ranking["trials"]] == [0.04, 0.02, 0.01]  # what each trial swept
-    by_loss = best("--metric", "train/loss", "--mode", "min", "--top", "2")
     assert (by_loss["metric"], by_loss["mode"]) == ("train/loss", "min")
     assert [(t["trial_id"], t["value"]) for t in by_loss["trials"]] == [("t_2", 0.2), ("t_1", 0.5)]
-    table = run_cli("best", "quickstart", "--top", "1", cwd=tmp_path)
-    assert table.returncode == 0 and "t_1" in table.stdout and "t_3" not in table.stdout, table.stdout
+    table = shown[2]
+    assert "t_1" in table.stdout and "t_3" not in table.stdout, table.stdout
 
 
 def test_the_champion_alias_moves_only_to_a_version_that_scored_better(tmp_path):
