@@ -140,7 +140,7 @@ SETTINGS = [
     "each test fails after 10 minutes",
     "up to 15 minutes",
     "the run stops after 80 minutes",
-    "the budget is 45 minutes",
+    "The budget is 45 minutes; the aim is 35",
     "IoU >= 0.5",
     "stddev 0.05",
     "(the zoo's 0.01)",
