@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 
-from .conftest import REPO, run_bounded, run_cli
+from .conftest import REPO, run_bounded, run_cli, side_by_side
 from .mlflow_checks import (
     assert_no_secret,
     check_mlflow_runs,
@@ -185,14 +185,16 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
         requests.get(f"{uri}/health", timeout=30)
     right = tracking_stack.client_env
     untrusting = {**right, "MLFLOW_TRACKING_SERVER_CERT_PATH": ""}
-    refused = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=untrusting)
+    wrong = {**right, "MLFLOW_TRACKING_PASSWORD": "wrong"}
+    refused, refused_wrong = side_by_side([
+        lambda env=env: run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=env)
+        for env in (untrusting, wrong)])
     assert refused.returncode == 2 and refused.stderr.startswith(
         f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} has a certificate this machine does not "
         "trust (certificate verify failed") and refused.stderr.strip().endswith(
         "expected MLFLOW_TRACKING_SERVER_CERT_PATH naming the certificate of the authority that signed it (the "
         "cluster's: README)") and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    wrong = {**right, "MLFLOW_TRACKING_PASSWORD": "wrong"}
-    refused = run_cli("launch", str(sweep), "--address", cluster.address, cwd=tmp_path, env=wrong)
+    refused = refused_wrong
     assert refused.returncode == 2 and refused.stderr.strip() == (
         f"detsweep: error: MLFLOW_TRACKING_URI: the MLflow server at {uri} refused the credentials in "
         "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (HTTP 401); expected a user it accepts")
