@@ -59,6 +59,7 @@ class TwoNodes:
             self._cluster = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port,
                 "dashboard_agent_listen_port": free_port()})
+            self.running = True  # from here on there is something to stop
             self._cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
         self._cluster.wait_for_nodes()
         self.session = Path(self._cluster.head_node.get_session_dir_path())
@@ -71,7 +72,6 @@ class TwoNodes:
         finally:
             ray.shutdown()
         self.address, self.dashboard = self._cluster.address, f"http://127.0.0.1:{dashboard_port}"
-        self.running = True
         assert len(self.nodes) == 2
 
     def stop(self) -> None:
@@ -264,11 +264,11 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
         # what `finetune --from best:outlives` starts from comes through the new server, from
         # the bucket (a fine-tune from `best:`, a CONFIG.yaml merged, results in a bucket:
         # test_finetune.py)
-        with mock.patch.dict(os.environ, tracking_stack.s3.env), local_copy(ranked["checkpoint"], new_uri) as best_copy:
+        with local_copy(ranked["checkpoint"], new_uri) as best_copy:  # the server serves its artifacts
             assert read_step(best_copy) == ranked["checkpoint_step"] and read_config(best_copy).model.backbone == "resnet_tiny"
 
         # mlflow gc, as the cluster file runs it hourly: the bucket keeps the files of the models
-        # MLflow keeps (each trial's best and latest checkpoint, the fine-tune's, the registered
+        # MLflow keeps (each trial's best and latest checkpoint and the registered
         # model) and of no deleted checkpoint
         [loop] = [c for c in head_commands("head_start_ray_commands") if "mlflow_server.sh gc" in c]
         gc = head_command(loop.split("do ")[1].split(";")[0], tmp_path / "new-head", int(new_uri.rsplit(":", 1)[1]),
