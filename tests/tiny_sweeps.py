@@ -4,6 +4,7 @@ cluster's, the fine-tuning sweep's), and what they read back."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,9 +41,22 @@ def results_of(experiment: Path) -> dict[str, list[dict]]:
     """Every result Tune recorded, per trial id, in the order they arrived."""
     rows = {}
     for trial_dir in sorted(experiment.glob("trial_*")):
-        lines = (trial_dir / "result.json").read_text().splitlines() if (trial_dir / "result.json").exists() else []
-        rows[trial_dir.name.removeprefix("trial_")] = [json.loads(line) for line in lines if line.strip()]
+        text = (trial_dir / "result.json").read_text() if (trial_dir / "result.json").exists() else ""
+        rows[trial_dir.name.removeprefix("trial_")] = result_rows(text)
     return rows
+
+
+def results_in_bucket(s3, experiment: str) -> dict[str, list[dict]]:
+    """``results_of`` for a sweep kept in a bucket (``s3://bucket/prefix``)."""
+    bucket, prefix = experiment.removeprefix("s3://").split("/", 1)
+    found = sorted(key for key in s3.keys(bucket, f"{prefix}/")
+                   if re.fullmatch(rf"{re.escape(prefix)}/trial_[^/]+/result\.json", key))
+    return {key.split("/")[-2].removeprefix("trial_"): result_rows(s3.read(f"s3://{bucket}/{key}")) for key in found}
+
+
+def result_rows(text: str) -> list[dict]:
+    """The rows of one trial's ``result.json``."""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def launch_json(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
