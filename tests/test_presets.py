@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -114,16 +115,19 @@ def forward_layers(layer) -> list:
     return [layer, *(inner for child in getattr(layer, "layers", []) for inner in forward_layers(child))]
 
 
-@pytest.mark.parametrize("kind", ["backbone", "detector"])
-def test_a_preset_saved_by_keras_hub_passes_validate(kind, presets):
-    result = run_cli("validate", str(SWEEP), "--set", f"base.model.weights={presets[kind]}", "--json")
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    assert report["base"]["model"]["weights"] == str(presets[kind])
-    # a whole detector's architecture replaces what the quickstart sets, in one note
-    replaced = (f"model.weights: the preset {presets[kind]}'s architecture replaces model.image_size 128 → 64; "
-                "model.anchor_size 3.0 → 4.0; model.head_conv_layers 0 → 4")
-    assert [note for note in report["notes"] if "model.weights" in note] == ([replaced] if kind == "detector" else [])
+def test_a_preset_saved_by_keras_hub_passes_validate(presets):
+    """A backbone's preset and a whole detector's (two ``validate`` calls side by side)."""
+    kinds = ("backbone", "detector")
+    results = side_by_side([lambda kind=kind: run_cli("validate", str(SWEEP), "--set", f"base.model.weights={presets[kind]}",
+                                                      "--json") for kind in kinds])
+    for kind, result in zip(kinds, results):
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = json.loads(result.stdout)
+        assert report["base"]["model"]["weights"] == str(presets[kind])
+        # a whole detector's architecture replaces what the quickstart sets, in one note
+        replaced = (f"model.weights: the preset {presets[kind]}'s architecture replaces model.image_size 128 → 64; "
+                    "model.anchor_size 3.0 → 4.0; model.head_conv_layers 0 → 4")
+        assert [note for note in report["notes"] if "model.weights" in note] == ([replaced] if kind == "detector" else [])
 
 
 REFUSALS = {
@@ -155,26 +159,32 @@ def test_each_bad_preset_is_named_with_what_was_found_and_what_was_expected(case
     assert str(refused.value) == f"model.weights: found {weights!r}, {reason}"
 
 
-# Through the command: one case refused by its folder, one by its kind (each a TensorFlow import).
-@pytest.mark.parametrize("case", ["missing folder", "detector's backbone without its heads"])
-def test_a_bad_preset_given_to_train_is_one_line_before_ray_starts(case, presets, tmp_path):
-    weights, reason = (text.format(tmp=tmp_path, **presets) for text in REFUSALS[case])
-    storage = tmp_path / "ray"
+# Through the command: one case refused by its folder, one by its kind (each a TensorFlow import),
+# side by side.
+def test_a_bad_preset_given_to_train_is_one_line_before_ray_starts(presets, tmp_path):
+    cases = ("missing folder", "detector's backbone without its heads")
     # Ray makes its session folder under RAY_TMPDIR as it starts (a short path: its sockets live there)
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    try:
+
+    def train(case: str) -> tuple[subprocess.CompletedProcess, float]:
+        weights = REFUSALS[case][0].format(tmp=tmp_path, **presets)
         started = time.monotonic()
         result = run_cli("train", str(QUICKSTART), "--set", f"model.weights={weights}", "--set", "train.num_steps=2",
-                         "--set", "data.val=null", "--storage", str(storage), cwd=tmp_path,
+                         "--set", "data.val=null", "--storage", str(tmp_path / "ray"), cwd=tmp_path,
                          env={"RAY_TMPDIR": str(ray_tmp)}, timeout=120)
-        took = time.monotonic() - started
+        return result, time.monotonic() - started
+
+    try:
+        results = side_by_side([lambda case=case: train(case) for case in cases])
         assert not any(ray_tmp.iterdir()), sorted(path.name for path in ray_tmp.rglob("*"))[:20]
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert (result.returncode, result.stderr) == (
-        2, f"detsweep: error: {QUICKSTART}: model.weights: found {weights!r}, {reason}\n")
-    assert not storage.exists() and not (tmp_path / "mlflow.db").exists()
-    assert took < SECONDS_TO_REFUSE, f"refused after {took:.0f} s"
+    for case, (result, took) in zip(cases, results):
+        weights, reason = (text.format(tmp=tmp_path, **presets) for text in REFUSALS[case])
+        assert (result.returncode, result.stderr) == (
+            2, f"detsweep: error: {QUICKSTART}: model.weights: found {weights!r}, {reason}\n")
+        assert took < SECONDS_TO_REFUSE, f"{case}: refused after {took:.0f} s"
+    assert not (tmp_path / "ray").exists() and not (tmp_path / "mlflow.db").exists()
 
 
 def test_a_detectors_backbone_without_heads_is_refused_by_validate_and_launch_before_anything_starts(presets,

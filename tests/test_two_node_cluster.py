@@ -136,8 +136,8 @@ class Probe:
 
 print(len(ray.nodes()), ray.get(Probe.options(lifetime="detached").remote().lives.remote()))
 """
-    own = run_bounded([sys.executable, "-c", probe], timeout=300, cwd=REPO)
-    joined = run_bounded([sys.executable, "-c", probe, "auto"], timeout=300, cwd=REPO)
+    own, joined = side_by_side([lambda: run_bounded([sys.executable, "-c", probe], timeout=300, cwd=REPO),
+                                lambda: run_bounded([sys.executable, "-c", probe, "auto"], timeout=300, cwd=REPO)])
     assert (own.returncode, joined.returncode) == (0, 0), own.stderr[-2000:] + joined.stderr[-2000:]
     assert (own.stdout.splitlines()[-1], joined.stdout.splitlines()[-1]) == ("1 True", f"{len(cluster.nodes)} True")
 
