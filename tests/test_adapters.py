@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REPO, cli_environment, run_bounded
+from .conftest import REPO, cli_environment, run_bounded, side_by_side
 
 pytestmark = pytest.mark.upgrade_check
 
@@ -387,16 +387,14 @@ class PauseThenStop(FIFOScheduler):
         return next((t for t in controller.get_trials() if t.status == Trial.PENDING), None)
 
 ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-found = {}
-for saves in (False, True):
-    name = f"saves-{saves}"
-    tune.Tuner(train, param_space={"id": tune.grid_search([0, 1])},
-               tune_config=tune.TuneConfig(scheduler=PauseThenStop(saves)),
-               run_config=tune.RunConfig(name=name, storage_path=sys.argv[1], verbose=0)).fit()
-    [state] = sorted(glob.glob(os.path.join(sys.argv[1], name, "experiment_state-*.json")))[-1:]
-    trials = [json.loads(trial) for trial, _ in json.load(open(state))["trial_data"]]
-    found[name] = {trial["config"]["id"]: trial["status"] for trial in trials}
-print(json.dumps(found))
+saves = sys.argv[2] == "saves"
+name = f"saves-{saves}"
+tune.Tuner(train, param_space={"id": tune.grid_search([0, 1])},
+           tune_config=tune.TuneConfig(scheduler=PauseThenStop(saves)),
+           run_config=tune.RunConfig(name=name, storage_path=sys.argv[1], verbose=0)).fit()
+[state] = sorted(glob.glob(os.path.join(sys.argv[1], name, "experiment_state-*.json")))[-1:]
+trials = [json.loads(trial) for trial, _ in json.load(open(state))["trial_data"]]
+print(json.dumps({name: {trial["config"]["id"]: trial["status"] for trial in trials}}))
 """
 
 
@@ -405,9 +403,12 @@ def test_a_trial_stopped_while_paused_is_saved_terminated_only_through_the_adapt
     when told to: without it the state keeps it PAUSED in a finished sweep (and a resume trains
     it again); this test sees both, so it also says when a release no longer needs the call."""
     env = {**cli_environment(), "TUNE_GLOBAL_CHECKPOINT_S": "1"}
-    result = run_bounded([sys.executable, "-c", TUNE_PAUSE_THEN_STOP, str(tmp_path)], cwd=REPO, env=env, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.splitlines()[-1])
+    found = {}
+    for result in side_by_side([  # each its own local cluster: Tune waits on its trials' clocks, not the CPU
+            lambda saves=saves: run_bounded([sys.executable, "-c", TUNE_PAUSE_THEN_STOP, str(tmp_path), saves],
+                                            cwd=REPO, env=env, timeout=240) for saves in ("no-save", "saves")]):
+        assert result.returncode == 0, result.stderr[-3000:]
+        found.update(json.loads(result.stdout.splitlines()[-1]))
     assert found == {"saves-False": {"0": "PAUSED", "1": "TERMINATED"},
                      "saves-True": {"0": "TERMINATED", "1": "TERMINATED"}}, found
 
