@@ -222,20 +222,40 @@ def test_bad_export_options_are_one_line_before_anything_loads(flags, expected, 
 
 
 def test_a_resampled_score_is_cocoevals_on_the_resampled_images_numbered_apart():
-    """The fast bootstrap (one matching, an accumulation per draw) against COCOeval run on each
-    draw's images as images of their own: equal, repeats included."""
+    """The fast bootstrap (one matching, an accumulation per draw in arrays) against COCOeval
+    run on each draw's images as images of their own: equal, repeats included, on what makes
+    COCOeval's accumulation branch: tied scores (merged in the draw's order), a crowd box
+    (ignored), an image with boxes and no detections, one with detections and no boxes, a
+    category found in one image only, and an image past COCOeval's 100 detections."""
     rng = np.random.default_rng(3)
-    images = [{"id": i + 10, "height": 100, "width": 100} for i in range(6)]
-    truth = {"images": images, "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}], "annotations": []}
+    images = [{"id": i + 10, "height": 100, "width": 100} for i in range(8)]
+    categories = [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "rare"}]
+    truth = {"images": images, "categories": categories, "annotations": []}
     detections = []
-    for image in images:
+
+    def box(image: dict, category: int, crowd: int = 0) -> list[float]:
+        x, y = rng.uniform(0, 60, 2)
+        truth["annotations"].append({"id": len(truth["annotations"]) + 1, "image_id": image["id"], "category_id": category,
+                                     "bbox": [x, y, 30, 30], "area": 900, "iscrowd": crowd})
+        return [x, y]
+
+    def detect(image: dict, category: int, near: list[float]) -> None:
+        x, y = near
+        detections.append({"image_id": image["id"], "category_id": category, "score": round(float(rng.uniform()), 1),
+                           "bbox": [x + rng.normal(0, 4), y + rng.normal(0, 4), 30, 30]})
+
+    for image in images[:5]:
         for _ in range(3):
-            x, y = rng.uniform(0, 60, 2)
-            truth["annotations"].append({"id": len(truth["annotations"]) + 1, "image_id": image["id"], "category_id": int(rng.integers(1, 3)),
-                                         "bbox": [x, y, 30, 30], "area": 900, "iscrowd": 0})
-            detections.append({"image_id": image["id"], "category_id": truth["annotations"][-1]["category_id"],
-                               "bbox": [x + rng.normal(0, 4), y + rng.normal(0, 4), 30, 30], "score": float(rng.uniform())})
-    draws = np.array([[0, 1, 2, 3, 4, 5], [1, 1, 4, 0, 0, 0], [5, 2, 2, 2, 3, 1]])
+            category = int(rng.integers(1, 3))
+            detect(image, category, box(image, category))
+    detect(images[0], 2, box(images[0], 2, crowd=1))  # its detection neither true nor false
+    box(images[5], 1)  # boxes, no detections
+    detect(images[6], 1, [10, 10])  # detections, no boxes
+    detect(images[1], 3, box(images[1], 3))  # the rare category, in one image
+    for _ in range(120):  # past maxDets
+        detect(images[7], 1, list(rng.uniform(0, 60, 2)))
+    box(images[7], 1)
+    draws = np.vstack([np.arange(8), [1, 1, 4, 0, 0, 0, 7, 7], rng.integers(0, 8, (20, 8))])
     fast = resampled_scores(truth, detections, draws)
     for draw, (ap, ap50) in zip(draws, fast, strict=True):
         sample = {**truth, "images": [{**images[i], "id": k + 1} for k, i in enumerate(draw)], "annotations": []}
@@ -245,5 +265,5 @@ def test_a_resampled_score_is_cocoevals_on_the_resampled_images_numbered_apart()
             found += [{**d, "image_id": k + 1} for d in detections if d["image_id"] == images[i]["id"]]
         sample["annotations"] = [{**a, "id": n + 1} for n, a in enumerate(sample["annotations"])]
         slow = evaluate_detections(sample, found)
-        assert (ap, ap50) == pytest.approx((slow["AP"], slow["AP50"]), abs=1e-9)
-    assert fast[0] != fast[1]  # the draws differ, so does the score
+        assert (ap, ap50) == pytest.approx((slow["AP"], slow["AP50"]), abs=1e-12), draw
+    assert len(set(fast)) > 10  # the draws differ, so do the scores

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 from pycocotools.coco import COCO
@@ -61,8 +62,9 @@ def evaluate_detections(ground_truth: dict, detections: Iterable[dict]) -> dict[
 def resampled_scores(ground_truth: dict, detections: Iterable[dict], draws: np.ndarray) -> list[tuple[float, float]]:
     """AP and AP50 on each resampling of the images: ``draws`` ``[n, images]`` holds positions
     in ``ground_truth["images"]``, repeats allowed (a bootstrap). Each image is matched once,
-    as COCOeval matches images independently; each draw only accumulates its images' matches,
-    so a draw costs a few milliseconds, not an evaluation."""
+    as COCOeval matches images independently; each draw only accumulates its images' matches
+    (COCOeval's ``accumulate`` for the scores used, every area and 100 detections, in arrays:
+    :func:`_precision`), so a draw costs a fraction of a millisecond, not an evaluation."""
     detections = list(detections)
     if not detections:
         return [(0.0, 0.0)] * len(draws)
@@ -72,21 +74,75 @@ def resampled_scores(ground_truth: dict, detections: Iterable[dict], draws: np.n
         truth.createIndex()
         evaluation = COCOeval(truth, truth.loadRes(detections), iouType="bbox")
         evaluation.evaluate()
-        per_image = evaluation.evalImgs  # [category][area range][image], images in sorted id order
-        categories, areas = len(evaluation.params.catIds), len(evaluation.params.areaRng)
-        ids = evaluation.params.imgIds
-        position = {image_id: n for n, image_id in enumerate(ids)}
-        order = np.array([position[image["id"]] for image in ground_truth["images"]])
-        scores = []
-        for draw in draws:
-            picked = order[draw]
-            evaluation.evalImgs = [per_image[(k * areas + a) * len(ids) + i]
-                                   for k in range(categories) for a in range(areas) for i in picked]
-            evaluation.params.imgIds = evaluation._paramsEval.imgIds = list(range(len(picked)))
-            evaluation.accumulate()
-            precision = evaluation.eval["precision"][:, :, :, 0, -1]  # every area, 100 detections
-            scores.append((_mean_present(precision), _mean_present(precision[0])))
+    matches = _matches_per_image(evaluation, ground_truth["images"])
+    scores = []
+    for draw in draws:
+        precision = _precision(matches, draw, len(evaluation.params.iouThrs), evaluation.params.recThrs)
+        scores.append((_mean_present(precision), _mean_present(precision[0])))
     return scores
+
+
+@dataclass(frozen=True)
+class _Matches:
+    """One image's detections of one category, by falling score (COCOeval's ``evaluateImg``, every
+    area, at most 100): each IoU threshold's true and false positives (ignored ones neither),
+    and how many of its ground-truth boxes count."""
+
+    scores: np.ndarray  # [detections]
+    true: np.ndarray  # [thresholds, detections] bool
+    false: np.ndarray  # [thresholds, detections] bool
+    counted: int
+
+
+def _matches_per_image(evaluation: COCOeval, images: list[dict]) -> list[list[_Matches | None]]:
+    """By category, then by position in ``images``: what COCOeval matched there (None where the
+    image has neither boxes nor detections of the category)."""
+    ids = evaluation.params.imgIds  # COCOeval's order: sorted
+    position = {image_id: n for n, image_id in enumerate(ids)}
+    areas = len(evaluation.params.areaRng)  # the first, "all", is the one used
+    by_category = []
+    for k in range(len(evaluation.params.catIds)):
+        found = []
+        for image in images:
+            e = evaluation.evalImgs[k * areas * len(ids) + position[image["id"]]]
+            if e is None:
+                found.append(None)
+                continue
+            ignored = np.asarray(e["dtIgnore"], bool)
+            matched = np.asarray(e["dtMatches"]) != 0
+            found.append(_Matches(np.asarray(e["dtScores"], float), matched & ~ignored, ~matched & ~ignored,
+                                  int(np.count_nonzero(np.asarray(e["gtIgnore"]) == 0))))
+        by_category.append(found)
+    return by_category
+
+
+def _precision(matches: list[list[_Matches | None]], draw: np.ndarray, iou_thresholds: int,
+               thresholds: np.ndarray) -> np.ndarray:
+    """``[IoU thresholds, recall thresholds, categories]`` precision of the images at ``draw``
+    (positions, repeats allowed), -1 where a category has no box there: COCOeval's
+    ``accumulate`` (every area, 100 detections), its loops as array operations. The draw's
+    detections are merged by falling score, ties in the draw's order (a stable sort, as it
+    sorts); precision is made non-increasing from the right and read at each recall threshold
+    (0 past the last detection's recall)."""
+    precision = -np.ones((iou_thresholds, len(thresholds), len(matches)))
+    for k, found in enumerate(matches):
+        picked = [found[i] for i in draw if found[i] is not None]
+        counted = sum(m.counted for m in picked)
+        if not picked or counted == 0:
+            continue
+        order = np.argsort(-np.concatenate([m.scores for m in picked]), kind="mergesort")
+        true = np.cumsum(np.concatenate([m.true for m in picked], axis=1)[:, order], axis=1).astype(float)
+        false = np.cumsum(np.concatenate([m.false for m in picked], axis=1)[:, order], axis=1).astype(float)
+        recall = true / counted
+        ratio = true / (false + true + np.spacing(1))
+        envelope = np.flip(np.maximum.accumulate(np.flip(ratio, axis=1), axis=1), axis=1)
+        read = np.zeros((iou_thresholds, len(thresholds)))
+        for t in range(iou_thresholds):
+            at = np.searchsorted(recall[t], thresholds, side="left")
+            inside = at < recall.shape[1]
+            read[t, inside] = envelope[t, at[inside]]
+        precision[:, :, k] = read
+    return precision
 
 
 def _mean_present(precision: np.ndarray) -> float:
