@@ -41,12 +41,26 @@ def test_every_benchmark_is_smoked_here_or_takes_a_path_another_test_takes():
     assert all((REPO / path).is_file() for path in [*RUN_BY.values(), *PATH_TAKEN_BY.values()])
 
 
+@pytest.fixture(scope="module")
+def smoked(tmp_path_factory) -> dict:
+    """Each benchmark's smoke run, by name: its own process and results file, two at a time
+    (each is mostly one core's Python; the machine has two), the longest first."""
+    from .conftest import side_by_side
+
+    def smoke(benchmark: str):
+        out = tmp_path_factory.mktemp(benchmark) / "results.json"
+        command = [sys.executable, "-m", "bench.run_all", "--smoke", "--only", benchmark, "--out", str(out)]
+        return run_bounded(command, cwd=REPO), out
+
+    names = ["tracking_server", "input_pipeline", "zoo_retinanet", "allocator"]
+    assert sorted(names) == sorted(RECORDS)
+    return dict(zip(names, side_by_side([lambda name=name: smoke(name) for name in names])))
+
+
 @pytest.mark.parametrize("benchmark", sorted(RECORDS))
-def test_the_benchmark_runs_and_records_its_table(benchmark, tmp_path):
-    """One benchmark at a time: a failure names it, and ``-k`` runs one alone."""
-    out = tmp_path / "results.json"
-    result = run_bounded([sys.executable, "-m", "bench.run_all", "--smoke", "--only", benchmark, "--out", str(out)],
-                         cwd=REPO)
+def test_the_benchmark_runs_and_records_its_table(benchmark, smoked):
+    """One test per benchmark: a failure names it."""
+    result, out = smoked[benchmark]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(out.read_text())
     assert set(results) == RECORDS[benchmark]
