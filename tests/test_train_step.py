@@ -250,31 +250,30 @@ def one_step(config, batch, devices):
     }
 
 
-found = {}
-for clip in (10.0, 0.0):  # the quickstart's clipping bites at the first step (see the norms)
-    config = load_trial_config(sys.argv[1], ["model.use_sync_bn=true", "optimizer.learning_rate.warmup_steps=0",
-                                             f"train.gradient_clipping_by_norm={clip}"])
-    train_set = load_dataset(config.data.train, verify=False)
-    # 8 different images: one device takes all 8, each of two replicas 4 of them
-    batch = next(iter(training_dataset(train_set, InputSpec(128), config.data.augmentation, 8, seed=0)))
-    one, two = one_step(config, batch, ["/cpu:0"]), one_step(config, batch, ["/cpu:0", "/cpu:1"])
-    # each kind of state as one vector: a tensor whose gradient is a sum that nearly cancels
-    # (a batch norm's offset) differs in its own last digits by far more than the whole does
-    flat = {key: [np.concatenate([np.ravel(t) for t in each[key]]) for each in (one, two)] for key in one}
-    found[clip] = {"apart": {key: float(np.linalg.norm(b - a) / np.linalg.norm(a)) for key, (a, b) in flat.items()},
-                   "update_norm": float(np.linalg.norm(one["update"][0]))}
-print(json.dumps(found))
+clip = float(sys.argv[2])
+config = load_trial_config(sys.argv[1], ["model.use_sync_bn=true", "optimizer.learning_rate.warmup_steps=0",
+                                         f"train.gradient_clipping_by_norm={clip}"])
+train_set = load_dataset(config.data.train, verify=False)
+# 8 different images: one device takes all 8, each of two replicas 4 of them
+batch = next(iter(training_dataset(train_set, InputSpec(128), config.data.augmentation, 8, seed=0)))
+one, two = one_step(config, batch, ["/cpu:0"]), one_step(config, batch, ["/cpu:0", "/cpu:1"])
+# each kind of state as one vector: a tensor whose gradient is a sum that nearly cancels
+# (a batch norm's offset) differs in its own last digits by far more than the whole does
+flat = {key: [np.concatenate([np.ravel(t) for t in each[key]]) for each in (one, two)] for key in one}
+print(json.dumps({"apart": {key: float(np.linalg.norm(b - a) / np.linalg.norm(a)) for key, (a, b) in flat.items()},
+                  "update_norm": float(np.linalg.norm(one["update"][0]))}))
 """
 
 
 @pytest.fixture(scope="module")
 def two_devices() -> dict:
-    """One process whose CPU is two logical devices (a worker's two GPUs), for the module's
-    tests that need them (TensorFlow fixes its devices when its runtime starts): a step with
-    and without XLA, then the strategies ``make_strategy`` builds on device lists and the
-    all-reduces of a step traced, not run, on an NCCL strategy. (The step on two replicas
-    against one device has a process of its own: run after these strategies' collectives, its
-    synchronized batch norms' met mismatched collective instance keys.)"""
+    """Two processes side by side whose CPU is two logical devices (a worker's two GPUs), for
+    the module's tests that need them (TensorFlow fixes its devices when its runtime starts):
+    one steps with and without XLA; the other builds the strategies ``make_strategy`` builds on
+    device lists and traces, without running, a step on an NCCL strategy with its all-reduces
+    spied on. (The step on two replicas against one device has processes of its own: run after
+    these strategies' collectives, its synchronized batch norms' met mismatched collective
+    instance keys.)"""
     from .conftest import run_on_two_cpu_devices
 
     imports = """
@@ -288,9 +287,15 @@ from detsweep.train.checkpoint import build_training_state
 from detsweep.train.step import make_train_loop
 results = {}
 """
-    return run_on_two_cpu_devices(imports + XLA_SCRIPT + TWO_DEVICES_SCRIPT
-                                  + "print(json.dumps(results))\n", str(REPO / "configs" / "quickstart.yaml"),
-                                  timeout=600)
+    from .conftest import side_by_side
+
+    quickstart = str(REPO / "configs" / "quickstart.yaml")
+    found: dict = {}
+    for part in side_by_side([lambda script=script: run_on_two_cpu_devices(
+            imports + script + "print(json.dumps(results))\n", quickstart, timeout=600)
+            for script in (XLA_SCRIPT, TWO_DEVICES_SCRIPT)]):
+        found.update(part)
+    return found
 
 
 def test_two_replicas_with_different_images_step_as_one_device_on_the_same_global_batch():
@@ -303,7 +308,11 @@ def test_two_replicas_with_different_images_step_as_one_device_on_the_same_globa
     gradients differ by more than rounding.)"""
     from .conftest import run_on_two_cpu_devices
 
-    found = run_on_two_cpu_devices(REPLICA_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), timeout=300)
+    from .conftest import side_by_side
+
+    clips = ("10.0", "0.0")  # the quickstart's clipping bites at the first step (see the norms)
+    found = dict(zip(clips, side_by_side([lambda clip=clip: run_on_two_cpu_devices(
+        REPLICA_SCRIPT, str(REPO / "configs" / "quickstart.yaml"), clip, timeout=300) for clip in clips])))
     # clipped (the quickstart's setting): every kind of state within 1e-5 of one device's (relative)
     assert max(found["10.0"]["apart"].values()) < 1e-5, found["10.0"]
     # unclipped, the first gradient's norm is ~1000 and rounding in another order shows at
