@@ -386,17 +386,22 @@ def tracking_stack(s3):
 
 
 @pytest.fixture(scope="session")
-def trained_sweep(tmp_path_factory) -> tuple[Path, dict]:
-    """A finished quickstart sweep named ``source``, its MLflow runs in ``folder/mlflow.db``:
-    the source of the fine-tuning tests, the checkpoint the export tests ship, and the ASHA
-    sweep on evaluations beside training (``train.evaluation: async``) that
-    ``test_sweep_runs`` checks (one sweep for all three).
+def trained_sweep_launch(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess, dict]:
+    """A finished quickstart sweep named ``source``, its MLflow runs in ``folder/mlflow.db``,
+    its best checkpoint registered: the source of the fine-tuning tests, the checkpoint the
+    export tests ship, the ASHA sweep on evaluations beside training
+    (``train.evaluation: async``) and the sweep that survives a diverging trial, which
+    ``test_sweep_runs`` checks (one sweep for all). Returns its folder, its file, and what
+    ``launch --json`` gave.
 
     Its best trial (0.04) trains 150 steps on 64 images, so that its AP is above noise, in
     loops of 25 steps, with an evaluation (a Ray task of its own, while it trains on) and a
-    checkpoint at 75 and 150, so that the best checkpoint is picked from two. ASHA ranks on the val loss at step 75: one
-    trial at a time (each takes both CPUs: its worker and its evaluator), so the second (at
-    0.00001, which hardly learns) reaches the rung after the first scored there, and stops."""
+    checkpoint at 75 and 150, so that the best checkpoint is picked from two. ASHA ranks on
+    the val loss at step 75: one trial at a time (each takes both CPUs: its worker and its
+    evaluator), so the second (at 0.00001, which hardly learns) reaches the rung after the
+    first scored there, and stops. The third (1e12) diverges in its first loop: the launch
+    exits 1. MLflow samples system metrics every second (its default, 10 s, can miss a short
+    trial)."""
     from .tiny_sweeps import launch_json, tiny_sweep
 
     folder = tmp_path_factory.mktemp("trained")
@@ -407,11 +412,18 @@ def trained_sweep(tmp_path_factory) -> tuple[Path, dict]:
   num_samples: 1
   scheduler: {type: asha, grace_period: 75, reduction_factor: 2, metric: eval/loss, mode: min}
   space:
-    optimizer.learning_rate.learning_rate_base: {grid: [0.04, 0.00001]}
+    optimizer.learning_rate.learning_rate_base: {grid: [0.04, 0.00001, 1.0e+12]}
 """, num_steps=150, every=75, loop=25, name="source", data="{train: {num_images: 64}, val: {num_images: 32}}")
     sweep.write_text(sweep.read_text().replace("checkpoint_every: 75}", "checkpoint_every: 75, evaluation: async}"))
-    result, report = launch_json(str(sweep), "--no-register", cwd=folder)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result, report = launch_json(str(sweep), cwd=folder, env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"})
+    assert result.returncode == 1 and report["best"], result.stderr[-3000:]  # 1: the diverged trial
+    return folder, sweep, result, report
+
+
+@pytest.fixture(scope="session")
+def trained_sweep(trained_sweep_launch) -> tuple[Path, dict]:
+    """``trained_sweep_launch``'s folder and report."""
+    folder, _, _, report = trained_sweep_launch
     return folder, report
 
 

@@ -80,7 +80,8 @@ def test_best_ranks_the_trials_from_mlflow_alone(trained_sweep):
     ranking = json.loads(shown.stdout)
     assert ranking["metric"] == "eval/AP_best" and ranking["mode"] == "max"
     assert ranking["parent_run_ids"] == [report["mlflow"]["parent_run_id"]]
-    trial, stopped = ranking["trials"]  # the trial ASHA stopped at step 75 ranks second
+    trial, stopped, failed = ranking["trials"]  # the trial ASHA stopped at step 75 second, the diverged one last
+    assert failed["value"] is None and failed["swept"] == {"optimizer.learning_rate.learning_rate_base": 1e12}, failed
     assert trial["run_id"] == report["best"]["mlflow_run_id"] and trial["trial_id"] == report["best"]["trial_id"]
     assert stopped["swept"] == {"optimizer.learning_rate.learning_rate_base": 0.00001} and stopped["value"] < trial["value"]
     assert trial["value"] == pytest.approx(report["best"]["metrics"]["eval/AP_best"])
@@ -249,6 +250,7 @@ def test_what_cannot_be_fine_tuned_is_refused_in_one_line(trained_sweep, tmp_pat
         return lines[0]
 
     sweep_run = report["mlflow"]["parent_run_id"]  # the sweep's own run holds no checkpoint
+    [diverged] = [trial["mlflow_run_id"] for trial in report["trials"] if trial["status"] == "ERROR"]  # nor its first loop
     down = f"http://127.0.0.1:{free_port()}"
     misfit = "image encoder (resnet_tiny) does not fit this model's (resnet18)"
     # a local checkpoint folder with a positional CONFIG.yaml: the config's backbone is merged
@@ -264,6 +266,7 @@ def test_what_cannot_be_fine_tuned_is_refused_in_one_line(trained_sweep, tmp_pat
         (misfit, lambda: refused("finetune", str(bigger), "--from", f"checkpoint:{local}")),
         ("no trial runs", lambda: refused("best", "empty", cwd=empty)),
         (f"run {sweep_run} has no complete checkpoint in MLflow", lambda: refused("finetune", "--from", f"run:{sweep_run}")),
+        (f"run {diverged} has no complete checkpoint in MLflow", lambda: refused("finetune", "--from", f"run:{diverged}")),
         ("no such run", lambda: refused("finetune", "--from", "run:0123456789abcdef")),
         (f"no MLflow server answers at {down}", lambda: refused("best", "source", env={"MLFLOW_TRACKING_URI": down})),
         ("is not a detsweep checkpoint", lambda: refused("finetune", "--from", f"checkpoint:{tmp_path}")),

@@ -1,13 +1,13 @@
 """Sweeps run for real: ``detsweep launch``, ``status`` and ``resume`` on a local Ray cluster,
-with ASHA (synchronous, and on evaluations beside training: the session's trained sweep), a
-diverging trial, and BOHB's HyperBand in a bucket resumed from the bucket alone on another
-machine after its driver was killed twice. A time budget, on a terminal, stops a fine-tuning
+with ASHA on evaluations beside training and a diverging trial (the session's trained sweep,
+``conftest.trained_sweep_launch``), and BOHB's HyperBand in a bucket resumed from the bucket
+alone on another machine after its driver was killed twice. A time budget, on a terminal, stops a fine-tuning
 sweep (``test_finetune.py``). Optuna and PBT run on the two-node cluster
 (``test_two_node_cluster.py``); a trial whose worker's node is lost during a tracking
 server's outage ends from its checkpoint in a bucket (``test_cluster_sweeps.py``).
 
-Trials are tiny (synthetic 128 px images, 20-40 steps), so most of each test is Ray
-starting trials; every test runs its sweep once and checks all it can on it.
+Trials are tiny (synthetic 128 px images, 30-150 steps), so most of each test is Ray
+starting trials; each sweep runs once, and its tests check all they can on it.
 """
 
 from __future__ import annotations
@@ -27,39 +27,20 @@ from .conftest import (
     side_by_side,
 )
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui
-from .tiny_sweeps import launch_json, lr_of, results_in_bucket, results_of, shapes_in_bucket, tiny_sweep
+from .tiny_sweeps import lr_of, results_in_bucket, results_of, shapes_in_bucket, tiny_sweep
 
 
-@pytest.fixture(scope="module")
-def asha_sweep(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess, dict]:
-    """Ranked by the learning rate itself (train/lr, max), ASHA's decisions are known in
-    advance: the small rate loses at the first rung; the huge one diverges. (0.02 and the huge
-    one start first, two at once: 0.02 is at the rung before the small one has started.)
-    Returns the sweep's folder, its file, and what ``launch --json`` gave."""
-    tmp_path = tmp_path_factory.mktemp("asha")
-    sweep = tiny_sweep(tmp_path, """
-  metric: train/lr
-  mode: max
-  algorithm: grid
-  num_samples: 1
-  max_concurrent_trials: 2
-  scheduler: {type: asha, grace_period: 5, reduction_factor: 2}
-  space:
-    optimizer.learning_rate.learning_rate_base: {grid: [0.02, 1.0e+12, 0.0001]}
-""")
-    # MLflow's system metrics every second: trials this short end before its default 10 s
-    result, report = launch_json(str(sweep), cwd=tmp_path, env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"})
-    return tmp_path, sweep, result, report
-
-
-def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(asha_sweep):
-    tmp_path, sweep, result, report = asha_sweep
+def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(trained_sweep_launch):
+    """The session's trained sweep (``conftest.trained_sweep_launch``): ASHA stops the trial
+    that hardly learns at its rung, and the one at 1e12 diverges in its first loop: the sweep
+    ranks the others, says why that one failed, and exits 1."""
+    folder, sweep, result, report = trained_sweep_launch
     assert result.returncode == 1, result.stderr[-3000:]  # one trial errored
     by_lr = {lr_of(trial): trial for trial in report["trials"]}
-    assert set(by_lr) == {0.02, 1e12, 0.0001}
+    assert set(by_lr) == {0.04, 0.00001, 1e12}
 
-    assert by_lr[0.02]["status"] == "TERMINATED" and by_lr[0.02]["metrics"]["step"] == 20
-    assert by_lr[0.0001]["status"] == "STOPPED" and by_lr[0.0001]["metrics"]["step"] < 20
+    assert by_lr[0.04]["status"] == "TERMINATED" and by_lr[0.04]["metrics"]["step"] == 150
+    assert by_lr[0.00001]["status"] == "STOPPED" and by_lr[0.00001]["metrics"]["step"] == 75
     diverged = by_lr[1e12]
     assert diverged["status"] == "ERROR" and diverged["error"].startswith("loss is NaN/Inf at step")
     assert f"trial {diverged['trial_id']} failed: loss is NaN/Inf at step" in result.stderr
@@ -71,23 +52,22 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(ash
     [log] = Path(report["path"], "logs").glob("launch-*.log")
     assert "RayTrainWorker" in log.read_text() and f"logs: {log} " in result.stderr
 
-    ranked = [t["metrics"]["train/lr"] for t in report["trials"] if t["status"] != "ERROR"]
+    ranked = [t["metrics"]["eval/AP_best"] for t in report["trials"] if t["status"] != "ERROR"]
     assert ranked == sorted(ranked, reverse=True) and report["trials"][-1]["status"] == "ERROR"
-    assert report["best"] == report["trials"][0]
+    assert report["best"] == report["trials"][0] == by_lr[0.04]
     assert Path(report["best"]["checkpoint"], "meta.json").exists()  # a detsweep checkpoint, kept by Tune
-    experiment = Path(report["path"])
-    assert (experiment / "sweep.yaml").exists()
-    for rows in results_of(experiment).values():  # Tune heard every loop, at training-step granularity
-        assert [row["step"] for row in rows] == list(range(5, 5 * len(rows) + 1, 5))
+    assert (Path(report["path"]) / "sweep.yaml").exists()
+    # (that Tune hears every loop, not only the milestones: test_cluster_sweeps' lost node)
 
     # status reads the same trials back, by folder, by sweep file, or by name under
     # ~/ray_results (where a sweep without `storage` goes), without starting anything
-    home = tmp_path / "home"
-    (home / "ray_results").mkdir(parents=True)
-    (home / "ray_results" / "tiny").symlink_to(report["path"])
+    home = folder / "home"
+    (home / "ray_results").mkdir(parents=True, exist_ok=True)
+    if not (home / "ray_results" / "source").exists():
+        (home / "ray_results" / "source").symlink_to(report["path"])
     *statuses, shown = side_by_side([
         *[lambda where=where, env=env: run_cli("status", where, "--json", env=env)
-          for where, env in ((report["path"], None), (str(sweep), None), ("tiny", {"HOME": str(home)}))],
+          for where, env in ((report["path"], None), (str(sweep), None), ("source", {"HOME": str(home)}))],
         lambda: run_cli("status", report["path"])])
     for status in statuses:
         assert status.returncode == 0, status.stderr
@@ -96,32 +76,35 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(ash
     assert "STOPPED" in shown.stdout and "ERROR" in shown.stdout and f"best trial {report['best']['trial_id']}" in shown.stdout
 
     # MLflow, embedded default: mlflow.db and mlartifacts/ in the working directory
-    assert report["mlflow"]["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
-    children = check_mlflow_runs(report, num_steps=20, every=5, system_metrics=True)
+    from mlflow import MlflowClient
+
+    assert report["mlflow"]["tracking_uri"] == f"sqlite:///{folder / 'mlflow.db'}"
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
     for trial in report["trials"]:
-        run = children[trial["trial_id"]]
+        run = client.get_run(trial["mlflow_run_id"])
         expected = {"TERMINATED": "FINISHED", "STOPPED": "KILLED", "ERROR": "FAILED"}[trial["status"]]
         assert run.info.status == expected, (trial, run.info.status)
         assert (run.data.tags.get("early_stopped") == "true") == (trial["status"] == "STOPPED")
-    failed = children[diverged["trial_id"]]
+    failed = client.get_run(diverged["mlflow_run_id"])
     assert "loss is NaN/Inf at step" in failed.data.tags["detsweep.error"]
     # a diverged training ends its run: Ray Train did not restart its workers (max_failures 2),
     # whose last checkpoint would only diverge again
     assert "detsweep.worker_failures" not in failed.data.tags, failed.data.tags
-    assert (tmp_path / "mlartifacts" / "tiny").is_dir()
+    assert (folder / "mlartifacts" / "source").is_dir()
 
 
-def test_the_mlflow_ui_shows_the_trials_nested_with_their_metric_cost_and_datasets_and_the_champion(asha_sweep):
-    folder, _, _, report = asha_sweep
+def test_the_mlflow_ui_shows_the_trials_nested_with_their_metric_cost_and_datasets_and_the_champion(trained_sweep):
+    folder, report = trained_sweep
     check_mlflow_ui(report, cwd=folder, screenshots=REPO / "test-output" / "mlflow-ui")  # kept for people to look at
 
 
-def test_resume_with_retry_errored_runs_the_errored_trial_again_and_only_it(asha_sweep):
-    """``resume --retry-errored`` of the ASHA sweep: its diverged trial runs again (and diverges
-    again: a new end on its MLflow run); the trials that ended are left as they were."""
+def test_resume_with_retry_errored_runs_the_errored_trial_again_and_only_it(trained_sweep):
+    """``resume --retry-errored`` of the session's trained sweep: its diverged trial runs again
+    (and diverges again: a new end on its MLflow run); the trials that ended are left as they
+    were."""
     from mlflow import MlflowClient
 
-    folder, _, _, report = asha_sweep
+    folder, report = trained_sweep
     client = MlflowClient(report["mlflow"]["tracking_uri"])
     ended = {t["trial_id"]: client.get_run(t["mlflow_run_id"]).info.end_time for t in report["trials"]}
     rows = {trial_id: len(found) for trial_id, found in results_of(Path(report["path"])).items()}
@@ -145,7 +128,8 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(trained_sweep):
     the checkpoint's step, though the trial reports every 25 steps. ASHA decides on the val
     loss, a real number (recall often ties at 0, and a tie stops nothing): the first trial
     learns at 0.04, the second hardly at all at 0.00001, so at step 75 its loss is far the
-    higher and it stops there."""
+    higher and it stops there. Each trial's MLflow run holds every loop, its checkpoints and
+    its node's system metrics; the best checkpoint is registered."""
     _, report = trained_sweep
     rows = results_of(Path(report["path"]))
     first, second = (next(t for t in report["trials"] if lr_of(t) == lr) for lr in (0.04, 0.00001))
@@ -157,7 +141,7 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(trained_sweep):
     at_rung = {t["trial_id"]: rows[t["trial_id"]][0]["eval/loss"] for t in (first, second)}
     assert at_rung[second["trial_id"]] > at_rung[first["trial_id"]], at_rung  # what ASHA saw: the rule's reason
     assert (first["status"], second["status"]) == ("TERMINATED", "STOPPED"), at_rung
-    check_mlflow_runs(report, num_steps=150, every=25, eval_every=75, registered=False)
+    check_mlflow_runs(report, num_steps=150, every=25, eval_every=75, system_metrics=True)
 
 
 def saved_trials(experiment: str) -> dict[str, tuple[str, int]]:

@@ -274,7 +274,7 @@ def two_devices() -> dict:
     spied on. (The step on two replicas against one device has processes of its own: run after
     these strategies' collectives, its synchronized batch norms' met mismatched collective
     instance keys.)"""
-    from .conftest import run_on_two_cpu_devices
+    from .conftest import run_on_two_cpu_devices, side_by_side
 
     imports = """
 import json, sys
@@ -287,8 +287,6 @@ from detsweep.train.checkpoint import build_training_state
 from detsweep.train.step import make_train_loop
 results = {}
 """
-    from .conftest import side_by_side
-
     quickstart = str(REPO / "configs" / "quickstart.yaml")
     found: dict = {}
     for part in side_by_side([lambda script=script: run_on_two_cpu_devices(
@@ -306,9 +304,7 @@ def test_two_replicas_with_different_images_step_as_one_device_on_the_same_globa
     gradient is clipped by the global norm of the summed gradient, as one device does. (One
     step: after it, float rounding in another order flips a few ReLUs, and a second step's
     gradients differ by more than rounding.)"""
-    from .conftest import run_on_two_cpu_devices
-
-    from .conftest import side_by_side
+    from .conftest import run_on_two_cpu_devices, side_by_side
 
     clips = ("10.0", "0.0")  # the quickstart's clipping bites at the first step (see the norms)
     found = dict(zip(clips, side_by_side([lambda clip=clip: run_on_two_cpu_devices(
