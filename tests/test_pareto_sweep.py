@@ -119,20 +119,33 @@ def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(tmp
 
 def test_a_constraint_no_architecture_meets_is_one_line_before_ray_starts(tmp_path):
     """The driver measures every architecture the space holds before Ray starts: when none meets
-    the constraints, no trial could train, and the launch ends there, in one line."""
+    the constraints, no trial could train, and the launch ends there, in one line. (One
+    architecture, each of two learning rates: a second would only be measured too.)"""
     sweep = tiny_sweep(tmp_path, """
   algorithm: grid
   num_samples: 1
   constraints: ["serve/params <= 1000"]
   space:
-    model.head_conv_layers: {grid: [0, 1]}
+    model.head_conv_layers: {grid: [0]}
+    optimizer.learning_rate.learning_rate_base: {grid: [0.01, 0.02]}
 """, name="nothing-fits")
     result = run_cli("launch", str(sweep), cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
-        f"detsweep: error: {sweep}: search.constraints: found none of the space's 2 architectures meeting them (the "
-        "first: serve/params is 2.56218e+06, expected <= 1000), expected at least one: no trial could train")
+        f"detsweep: error: {sweep}: search.constraints: found the space's one architecture not meeting them "
+        "(serve/params is 2.56218e+06, expected <= 1000), expected at least one: no trial could train")
     assert "Traceback" not in result.stderr and not (tmp_path / "ray").exists()
+
+
+def test_of_several_architectures_none_meeting_the_constraints_the_first_is_named():
+    from detsweep.evaluation.objectives import Constraint
+    from detsweep.sweeps.serving import none_meet
+
+    bounds = [Constraint("serve/params", "<=", 1000), Constraint("serve/latency_ms", "<=", 5)]
+    costs = [{"serve/params": 2e6, "serve/latency_ms": 4.0}, {"serve/params": 3e6, "serve/latency_ms": 9.0}]
+    assert none_meet(bounds, costs) == ("found none of the space's 2 architectures meeting them (the first: "
+                                        "serve/params is 2e+06, expected <= 1000), expected at least one: no trial "
+                                        "could train")
 
 
 def test_a_sweep_whose_trials_all_broke_the_constraints_ends_in_one_line(capsys):

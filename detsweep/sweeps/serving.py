@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from detsweep.config import TrialConfig, validate
 from detsweep.config.loader import get_path, set_path
 from detsweep.errors import DetsweepError
-from detsweep.evaluation.objectives import broken
+from detsweep.evaluation.objectives import Constraint, broken
 
 from .spec import Sweep, is_architecture
 
@@ -55,11 +56,16 @@ def measure_architectures(sweep: Sweep, say=print) -> dict[str, dict[str, float]
                 f"{cost.params:,} parameters{int8}")
     bounds = sweep.search.bounds
     if bounds and costs and all(broken(bounds, cost) for cost in costs.values()):
-        first = next(iter(costs.values()))
-        raise DetsweepError(f"{sweep.path}: search.constraints: found none of the space's {len(costs)} architectures "
-                            f"meeting them (the first: {broken(bounds, first)}), expected at least one: no trial "
-                            "could train")
+        raise DetsweepError(f"{sweep.path}: search.constraints: {none_meet(bounds, list(costs.values()))}")
     return costs
+
+
+def none_meet(bounds: Sequence[Constraint], costs: list[dict[str, float]]) -> str:
+    """What a sweep none of whose architectures meets its constraints is told: the first's broken bound."""
+    first = broken(bounds, costs[0])
+    found = (f"found the space's one architecture not meeting them ({first})" if len(costs) == 1 else
+             f"found none of the space's {len(costs)} architectures meeting them (the first: {first})")
+    return f"{found}, expected at least one: no trial could train"
 
 
 def describe(config: TrialConfig, sweep: Sweep) -> str:
