@@ -4,6 +4,7 @@ the retrying writer, and the errors users get before anything trains."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import signal
@@ -703,6 +704,13 @@ def test_every_write_of_a_trial_run_that_fails_once_and_is_retried_is_written_as
             return _real(client, *args, **kwargs)
 
         monkeypatch.setattr(MlflowClient, name, fails_the_first_time)
+
+    class Sooner:  # the writer's waits, a twentieth as long: what is written is checked here, not when
+        @staticmethod
+        def uniform(low: float, high: float) -> float:
+            return random.uniform(low, high) / 20
+
+    monkeypatch.setattr("detsweep.tracking.writer.random", Sooner)
     run = TrialRun(link, TrialIdentity("t_00003", "trial_t_00003"), sweep.base)
     run.log_report({"step": 10, "train/loss": 1.0})
     run.note_worker_failure("the worker died")
