@@ -8,18 +8,42 @@ import pytest
 import tensorflow as tf
 
 from detsweep.config import ModelConfig
-from detsweep.export.architecture import CANDIDATES, architecture_key, serving_cost
+from detsweep.export.architecture import CANDIDATES, serving_cost
 from detsweep.models import build_model
+
+from .conftest import REPO, run_bounded
 
 
 def test_two_configs_share_a_key_exactly_when_their_networks_are_alike():
     base = ModelConfig(image_size=64, max_level=5)
-    assert architecture_key(base, 3) == architecture_key(base.model_copy(update={"score_threshold": 0.3,
-                                                                                  "focal_gamma": 1.0}), 3)
+    assert base.architecture_key(3) == base.model_copy(update={"score_threshold": 0.3,
+                                                               "focal_gamma": 1.0}).architecture_key(3)
     others = [base.model_copy(update=change) for change in ({"head_conv_layers": 1}, {"image_size": 96},
                                                             {"aspect_ratios": (1.0,)}, {"backbone": "resnet18"})]
-    keys = {architecture_key(base, 3), architecture_key(base, 4), *(architecture_key(o, 3) for o in others)}
+    keys = {base.architecture_key(3), base.architecture_key(4), *(other.architecture_key(3) for other in others)}
     assert len(keys) == 6
+
+
+def test_a_trial_finds_its_architectures_serving_cost_without_importing_tensorflow():
+    """A trial's process looks its architecture's cost up before Ray Train starts its workers,
+    in every sweep, measured or not: TensorFlow imported there cost each trial's start about
+    6 s (``bench/startup.py``'s trainer phase), for nothing the trial's process uses."""
+    import json
+    import sys
+
+    script = """
+import json, sys
+from detsweep.config import load_trial_config
+from detsweep.trainables.trial import serving_cost
+config = load_trial_config(sys.argv[1])
+key = config.model.architecture_key(config.model.num_classes or 0)
+found = [serving_cost({"serving": {key: [["serve/params", 5.0]]}}, config), serving_cost({}, config)]
+print(json.dumps([found, "tensorflow" in sys.modules]))
+"""
+    result = run_bounded([sys.executable, "-c", script, str(REPO / "configs" / "quickstart.yaml")], timeout=120,
+                         cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == [[{"serve/params": 5.0}, {}], False]
 
 
 @pytest.mark.parametrize("bias", [-12.0, 12.0], ids=["untrained-like: no score above 0.05", "every score high"])

@@ -12,6 +12,8 @@ each number independently (see the README's mapping table).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -430,6 +432,12 @@ class ModelConfig(Section):
             raise invalid("unmatched_threshold", self.unmatched_threshold,
                           f"<= matched_threshold ({self.matched_threshold})")
         return self
+
+    def architecture_key(self, num_classes: int) -> str:
+        """The same for two configs exactly when their networks are alike (:attr:`ARCHITECTURE`):
+        a sweep's trials find their architecture's serving cost by it."""
+        fields = {name: getattr(self, name) for name in self.ARCHITECTURE} | {"num_classes": num_classes}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 class FineTuneConfig(Section):

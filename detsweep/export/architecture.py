@@ -10,8 +10,6 @@ architecture's, the same before and after training.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,12 +22,6 @@ from detsweep.evaluation.metrics import SERVING, SERVING_INT8
 from .serving_cost import THREADS, Latency, measure_latency, size_mb
 
 CANDIDATES = 1000
-
-
-def architecture_key(model: ModelConfig, num_classes: int) -> str:
-    """The same for two configs exactly when their networks are alike (``ModelConfig.ARCHITECTURE``)."""
-    fields = {name: getattr(model, name) for name in ModelConfig.ARCHITECTURE} | {"num_classes": num_classes}
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

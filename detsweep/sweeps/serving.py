@@ -38,16 +38,16 @@ def architectures(sweep: Sweep) -> list[TrialConfig]:
 
 
 def measure_architectures(sweep: Sweep, say=print) -> dict[str, dict[str, float]]:
-    """``architecture_key`` → its ``serve/*`` metrics, each architecture measured once. Refused
+    """``ModelConfig.architecture_key`` → its ``serve/*`` metrics, each architecture measured once. Refused
     in one line when none meets the sweep's constraints: no trial could train."""
     from detsweep.data import load_dataset
-    from detsweep.export.architecture import architecture_key, serving_cost
+    from detsweep.export.architecture import serving_cost
 
     configs = architectures(sweep)
     classes = sweep.base.model.num_classes or len(load_dataset(sweep.base.data.train, verify=False).categories)
     costs: dict[str, dict[str, Any]] = {}
     for config in configs:
-        key = architecture_key(config.model, config.model.num_classes or 0)
+        key = config.model.architecture_key(config.model.num_classes or 0)
         if key not in costs:
             cost = serving_cost(config.model, classes, int8=sweep.search.measures_int8)
             costs[key] = cost.metrics()

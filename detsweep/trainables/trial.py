@@ -69,10 +69,8 @@ def swept_values(tune_config: dict[str, Any], paths: list[str]) -> dict[str, Any
 
 def serving_cost(tune_config: dict[str, Any], config: TrialConfig) -> dict[str, float]:
     """The trial's architecture's ``serve/*`` metrics, when the sweep measured them."""
-    from detsweep.export.architecture import architecture_key
-
     costs = tune_config.get("serving")  # each architecture's as (metric, value) pairs
-    return dict(costs[architecture_key(config.model, config.model.num_classes or 0)]) if costs else {}
+    return dict(costs[config.model.architecture_key(config.model.num_classes or 0)]) if costs else {}
 
 
 def run_trial(tune_config: dict[str, Any]) -> None:
