@@ -304,6 +304,10 @@ def test_a_sweep_on_a_cluster_that_autoscales_from_zero_loses_a_node_mid_trial_a
     wait_until(lambda: not autoscaling.worker_nodes(), 120, "the idle worker nodes were not removed")
 
 
+# A trial's Ray Train run, in a folder or a key: <sweep>-train-<trial id>-<start>; the trial id captured.
+TRIAL_RUN = r"-train-([^/]+?)-\d{8}-\d{6}"
+
+
 def trial_of_worker(pid: int) -> str:
     """The trial whose Ray Train run the worker process ``pid`` trains: Ray Train makes each
     worker's working directory its run's, named ``<sweep>-train-<trial id>-<start>``."""
@@ -311,7 +315,7 @@ def trial_of_worker(pid: int) -> str:
 
     import psutil
 
-    return re.search(r"-train-([^/]+?)-\d{8}-\d{6}(?:/|$)", psutil.Process(pid).cwd())[1]
+    return re.search(rf"{TRIAL_RUN}(?:/|$)", psutil.Process(pid).cwd())[1]
 
 
 def check_restarted_trial(report: dict, checkpointed: dict[str, int], killed: str, s3) -> None:
@@ -367,7 +371,7 @@ def registered_steps_in_bucket(s3, bucket: str) -> dict[str, int]:
 
     steps: dict[str, int] = {}
     for key in s3.keys(bucket, "ray/"):
-        run = re.search(r"-train-([^/]+?)-\d{8}-\d{6}/(?:.*/)?checkpoint_manager_snapshot\.json$", key)
+        run = re.search(rf"{TRIAL_RUN}/(?:.*/)?checkpoint_manager_snapshot\.json$", key)
         if run:  # a trial's Ray Train run: <sweep>-train-<trial id>-<start>
             body = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
             try:

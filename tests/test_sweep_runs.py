@@ -62,9 +62,8 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tra
     # status reads the same trials back, by folder, by sweep file, or by name under
     # ~/ray_results (where a sweep without `storage` goes), without starting anything
     home = folder / "home"
-    (home / "ray_results").mkdir(parents=True, exist_ok=True)
-    if not (home / "ray_results" / "source").exists():
-        (home / "ray_results" / "source").symlink_to(report["path"])
+    (home / "ray_results").mkdir(parents=True)
+    (home / "ray_results" / "source").symlink_to(report["path"])
     *statuses, shown = side_by_side([
         *[lambda where=where, env=env: run_cli("status", where, "--json", env=env)
           for where, env in ((report["path"], None), (str(sweep), None), ("source", {"HOME": str(home)}))],
