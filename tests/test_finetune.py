@@ -100,20 +100,51 @@ def test_best_ranks_the_trials_from_mlflow_alone(trained_sweep):
     assert "ran on: " + ", ".join(f"{name} {value}" for name, value in here.items()) in table.stdout, table.stdout
 
 
+@pytest.fixture(scope="module")
+def fine_tunes(trained_sweep, s3, tmp_path_factory) -> dict:
+    """The two fine-tunes below, side by side (each is mostly a Ray Train trial's start and its
+    waits, and the machine has two cores): ``more``, the result of the run with more steps
+    into a bucket (its bucket's name beside it); ``tuned``, the fine-tuning sweep's result and
+    what its terminal was sent."""
+    import sys
+
+    from .conftest import cli_environment, run_on_terminal
+
+    folder, report = trained_sweep
+    more = tmp_path_factory.mktemp("more") / "more.yaml"
+    more.write_text("train: {num_steps: 160, eval_every: 50}\n")
+    bucket = s3.new_bucket("finetuned")
+    # A learning rate of 0 keeps every trainable weight where the restore put it, at every checkpoint.
+    sweep = tiny_sweep(folder, """
+  metric: eval/AP_best
+  mode: max
+  algorithm: grid
+  num_samples: 1
+  time_budget_s: 45
+  space:
+    optimizer.learning_rate.learning_rate: {grid: [0.0]}
+""", num_steps=2000, every=10, name="tuned", data="{train: {num_images: 16}, val: {num_images: 8}}")
+    source_run = report["best"]["mlflow_run_id"]  # named by its MLflow run this time
+    more_steps, tuned = side_by_side([
+        lambda: run_cli("finetune", str(more), "--from", "best:source", "--keep-optimizer-state",
+                        "--set", "optimizer.learning_rate.total_steps=160", "--storage", f"s3://{bucket}/finetune",
+                        "--json", cwd=folder, env=s3.env),
+        lambda: run_on_terminal(
+            [sys.executable, "-m", "detsweep.cli", "finetune", "--sweep", str(sweep), "--from", f"run:{source_run}",
+             "--from-ema", "--no-register", "--json", "--set", "base.model.num_classes=5",
+             "--set", "base.optimizer.learning_rate.type=constant"], cwd=folder, env=cli_environment({"COLUMNS": "160"}))])
+    return {"more": (more_steps, bucket), "tuned": tuned}
+
+
 @pytest.mark.upgrade_check
-def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(trained_sweep, s3, tmp_path):
+def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_it_found(trained_sweep, fine_tunes, tmp_path):
     """The user story: the sweep's winner, trained on. Its optimizer state and step are kept,
     the schedule is stretched to the new end; the run is nested under the source's sweep. A
     positional CONFIG.yaml is merged over the checkpoint's own config, then ``--set``; its
     results are in a bucket, as a cluster keeps them."""
     folder, report = trained_sweep
     before = report["best"]["metrics"]["eval/AP_best"]
-    more = tmp_path / "more.yaml"
-    more.write_text("train: {num_steps: 160, eval_every: 50}\n")
-    bucket = s3.new_bucket("finetuned")
-    result = run_cli("finetune", str(more), "--from", "best:source", "--keep-optimizer-state",
-                     "--set", "optimizer.learning_rate.total_steps=160", "--storage", f"s3://{bucket}/finetune", "--json",
-                     cwd=folder, env=s3.env)
+    result, bucket = fine_tunes["more"]
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout)
     assert out["warm_start"]["fresh"] == [] and out["warm_start"]["step"] == 150 and out["warm_start"]["optimizer_restored"] > 0
@@ -172,32 +203,16 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
 
 
 def test_a_fine_tuning_sweep_from_a_run_with_new_classes_restores_all_but_the_class_logits_until_its_time_budget(
-        trained_sweep):
+        trained_sweep, fine_tunes):
     """``finetune --sweep`` from the best trial's run, with 5 classes for its 3: every weight
     but the class logits is the source's averaged one. Run as a person at a terminal runs it
     (the report into a file), with ``search.time_budget_s``: the trial, far from its last
     step when the budget is spent, is stopped by Tune, ``STOPPED`` in the report, its MLflow
     run ends ``KILLED``, and the terminal showed it live."""
-    import sys
-
-    from .conftest import cli_environment, plain, run_on_terminal
+    from .conftest import plain
 
     folder, report = trained_sweep
-    # A learning rate of 0 keeps every trainable weight where the restore put it, at every checkpoint.
-    sweep = tiny_sweep(folder, """
-  metric: eval/AP_best
-  mode: max
-  algorithm: grid
-  num_samples: 1
-  time_budget_s: 45
-  space:
-    optimizer.learning_rate.learning_rate: {grid: [0.0]}
-""", num_steps=2000, every=10, name="tuned", data="{train: {num_images: 16}, val: {num_images: 8}}")
-    source_run = report["best"]["mlflow_run_id"]  # named by its MLflow run this time
-    result, drawn = run_on_terminal(
-        [sys.executable, "-m", "detsweep.cli", "finetune", "--sweep", str(sweep), "--from", f"run:{source_run}",
-         "--from-ema", "--no-register", "--json", "--set", "base.model.num_classes=5",
-         "--set", "base.optimizer.learning_rate.type=constant"], cwd=folder, env=cli_environment({"COLUMNS": "160"}))
+    result, drawn = fine_tunes["tuned"]
     terminal = plain(drawn)
     assert result.returncode == 0, terminal[-3000:]
     assert "weights restored, 2 fresh (classification_head/logits_layer/kernel, classification_head/logits_layer/bias)" \
