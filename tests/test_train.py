@@ -22,7 +22,7 @@ from detsweep.train import TrainingDiverged, WorkerContext, run_training, with_f
 from detsweep.train.checkpoint import TrainingState, weights_fingerprint
 from detsweep.train.restore import load_trained_model
 
-from .conftest import RACCOON, REPO, foreign_lines, run_bounded, run_cli
+from .conftest import RACCOON, REPO, foreign_lines, run_bounded, run_cli, side_by_side
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 # Small and short: 32 training images, 30 steps, eval and checkpoint every 10.
@@ -199,11 +199,37 @@ def test_eval_scores_a_coco_results_file(tmp_path):
 LINE = re.compile(r"step (\d+)/(\d+)\s+loss ([\d.]+)")
 
 
-def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_its_checkpoint(tmp_path):
+@pytest.fixture(scope="module")
+def ray_train_runs(tmp_path_factory) -> dict:
+    """The three trainings below through real Ray Train, two at a time (each is mostly Ray
+    Train's start and its waits, and the machine has two cores): ``two_workers`` and
+    ``diverges`` (``detsweep train``, with their storage folders), ``report_flow``."""
+    two_workers, diverges = tmp_path_factory.mktemp("two-workers"), tmp_path_factory.mktemp("diverges")
+    runs = {
+        "two_workers": lambda: run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
+                                       "--set", "scaling.num_workers=2", "--storage", str(two_workers / "ray"),
+                                       "--name", "w2", "--json"),
+        "report_flow": lambda: run_bounded(
+            [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
+             "--set", "train.steps_per_loop=1", "--set", "train.eval_every=10", "--set", "train.checkpoint_every=0",
+             "--set", "train.evaluation=async"],
+            cwd=REPO, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "5"}),
+        "diverges": lambda: run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
+                                    "--set", "train.num_steps=12", "--set", "train.steps_per_loop=1",
+                                    "--set", "train.eval_every=12", "--set", "train.checkpoint_every=12",
+                                    "--storage", str(diverges / "ray"), "--verbose",
+                                    "--set", "optimizer.learning_rate={type: manual_step, initial_learning_rate: 0.01, "
+                                                 "schedule: [{step: 4, learning_rate: 1.0e+12}]}"),
+    }
+    results = dict(zip(runs, side_by_side(list(runs.values()))))
+    return {"two_workers": (results["two_workers"], two_workers), "report_flow": results["report_flow"],
+            "diverges": (results["diverges"], diverges)}
+
+
+def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_its_checkpoint(ray_train_runs):
     """With ``--json`` the object is all of stdout; the progress lines (rank 0's) go to stderr.
     (``detsweep eval`` of a checkpoint scoring what training scored: ``test_export``.)"""
-    result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
-                     "--set", "scaling.num_workers=2", "--storage", str(tmp_path / "ray"), "--name", "w2", "--json")
+    result, folder = ray_train_runs["two_workers"]
     assert result.returncode == 0, result.stderr[-3000:]
     progress = [(int(m[1]), float(m[3])) for m in LINE.finditer(result.stderr)]
     assert [step for step, _ in progress] == [10, 20, 30]
@@ -215,7 +241,7 @@ def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_
     assert outcome["steps"] == 30 and "eval/AP_best" in outcome["metrics"]
     # the console has detsweep's lines only; Ray's, its workers' and TensorFlow's are in the run's log
     assert not foreign_lines(result.stderr), foreign_lines(result.stderr)
-    [log] = (tmp_path / "ray" / "w2" / "logs").glob("train.log")
+    [log] = (folder / "ray" / "w2" / "logs").glob("train.log")
     assert "RayTrainWorker" in log.read_text() and f"logs: {log} " in result.stderr
     # each worker read its own half of the data (disjoint by construction: test_workers_read_disjoint_shards)
     shards = re.findall(r"RayTrainWorker pid=\d+\).* input pipeline (\d) of (\d): (\d+) of (\d+) training images", log.read_text())
@@ -227,7 +253,7 @@ def test_detsweep_train_on_two_workers_prints_rank_0s_progress_and_its_json_and_
     assert read_step(outcome["checkpoint"]) == 30
 
 
-def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_checkpoints_steps():
+def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_checkpoints_steps(ray_train_runs):
     """Ray Train drains one report per poll of its workers; polls are 5 s apart here. Loops of
     one step go to the driver's queue without waiting for a poll: many arrive between two polls.
     Only the milestones pass through Ray Train: with ``train.evaluation: async`` each evaluation
@@ -235,11 +261,7 @@ def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_
     reach the driver while an evaluation runs (counted by the loops' and the task's clocks on
     this one machine, not timed), and each evaluation's metrics join its checkpoint's step in
     the merged stream."""
-    result = run_bounded(
-        [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
-         "--set", "train.steps_per_loop=1", "--set", "train.eval_every=10", "--set", "train.checkpoint_every=0",
-         "--set", "train.evaluation=async"],
-        cwd=REPO, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "5"})
+    result = ray_train_runs["report_flow"]
     assert result.returncode == 0, result.stderr[-3000:]
     flow = json.loads(result.stdout.strip().splitlines()[-1])
     loops = [(step, milestone) for kind, step, milestone, *_ in flow["arrived"] if kind == "loop"]
@@ -257,19 +279,15 @@ def test_loops_pass_ray_trains_polls_and_evaluations_beside_training_join_their_
     assert flow["in_order"] == [[step, step % 10 == 0, step % 10 == 0] for step in range(1, 31)]
 
 
-def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it_and_verbose_shows_ray(tmp_path):
+def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_before_it_and_verbose_shows_ray(
+        ray_train_runs):
     """Four good loops of one step, then a learning rate of 1e12: the process says why it
     failed, and each loop before the failure still reached the driver (none is left behind in
     the worker's sender when its training stops). Ray Train did not restart the workers
     (``scaling.max_failures`` is 2): from their checkpoint they would only diverge again.
     ``--verbose``: what Ray and its workers print comes to the console, beside detsweep's
     lines, instead of into a log (the two-worker test above holds the default)."""
-    result = run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
-                     "--set", "train.num_steps=12", "--set", "train.steps_per_loop=1", "--set", "train.eval_every=12",
-                     "--set", "train.checkpoint_every=12",
-                     "--storage", str(tmp_path / "ray"), "--verbose",
-                     "--set", "optimizer.learning_rate={type: manual_step, initial_learning_rate: 0.01, "
-                                  "schedule: [{step: 4, learning_rate: 1.0e+12}]}")
+    result, folder = ray_train_runs["diverges"]
     assert result.returncode == 1, result.stderr[-3000:]
     # The reason names the global step at which the loss was not finite: steps 1-4 trained at
     # 0.01, step 5 at 1e12 (its loss still the finite one of step 4's weights), and the loss
@@ -282,7 +300,7 @@ def test_detsweep_train_that_diverges_exits_1_with_its_reason_after_every_loop_b
     assert [int(m[1]) for m in LINE.finditer(result.stdout)] == list(range(1, trained + 1))
     console = result.stdout + result.stderr
     assert "(RayTrainWorker pid=" in console and foreign_lines(result.stdout, result.stderr), console[-3000:]
-    assert "logs: " not in console and not list((tmp_path / "ray").glob("*/logs")), console[-3000:]
+    assert "logs: " not in console and not list((folder / "ray").glob("*/logs")), console[-3000:]
 
 
 def test_mixed_float16_trains_with_dynamic_loss_scaling(tmp_path):
