@@ -371,7 +371,11 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
     assert report["mlflow"]["tracking_uri"] == job_db and (tmp_path / "job.db").exists()
     assert seen.stop() == cluster.nodes
     assert "16 images" in job.stdout and (cache / "s3" / bucket / "datasets" / "shapes" / "images").is_dir()
-    status = run_cli("status", report["path"], "--json", cwd=tmp_path, env=s3.env, timeout=120)
+    # `status` of the sweep, and a fine-tune from a checkpoint the bucket lacks (refused), side by side
+    status, missing = side_by_side([
+        lambda: run_cli("status", report["path"], "--json", cwd=tmp_path, env=s3.env, timeout=120),
+        lambda: run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
+                        timeout=120)])
     assert status.returncode == 0 and json.loads(status.stdout)["best"]["checkpoint"] == report["best"]["checkpoint"]
     assert {key.split("/")[1] for key in s3.keys(bucket, "ray/")} - {""} == {"by_job"}, "a Ray Train run was left in the storage"
 
@@ -409,8 +413,6 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
             donor_l1 = weights_fingerprint(load_trained_model(donor_checkpoint).model)
     assert restored == {"restore/step": [(30, 20)], "restore/weights_l1": [(30, pytest.approx(donor_l1, rel=1e-12))]}, restored
 
-    missing = run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
-                      timeout=120)
     assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
                                                        f"s3://{bucket}/ray/nothing is not a detsweep checkpoint (expected "
                                                        "config.yaml and ckpt.index in it)\n")
