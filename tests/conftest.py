@@ -138,7 +138,8 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 def side_by_side(calls: list[Callable[[], T]]) -> list[T]:
     """Each call's result, two calls at a time: a ``detsweep`` subprocess that reads MLflow or
-    refuses is mostly one core's Python start-up and imports, and the machine has two."""
+    refuses is mostly one core's Python start-up and imports, one that trains through Ray
+    mostly waits on Ray's processes starting one after another, and the machine has two."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as pool:

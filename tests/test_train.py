@@ -203,7 +203,7 @@ LINE = re.compile(r"step (\d+)/(\d+)\s+loss ([\d.]+)")
 def ray_train_runs(tmp_path_factory) -> dict:
     """The three trainings below through real Ray Train, two at a time (each is mostly Ray
     Train's start and its waits, and the machine has two cores): ``two_workers`` and
-    ``diverges`` (``detsweep train``, with their storage folders), ``report_flow``."""
+    ``diverges`` (``detsweep train``, each with the folder its storage is under), ``report_flow``."""
     two_workers, diverges = tmp_path_factory.mktemp("two-workers"), tmp_path_factory.mktemp("diverges")
     runs = {
         "two_workers": lambda: run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],

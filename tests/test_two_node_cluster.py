@@ -377,6 +377,9 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
         lambda: run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
                         timeout=120)])
     assert status.returncode == 0 and json.loads(status.stdout)["best"]["checkpoint"] == report["best"]["checkpoint"]
+    assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
+                                                       f"s3://{bucket}/ray/nothing is not a detsweep checkpoint (expected "
+                                                       "config.yaml and ckpt.index in it)\n")
     assert {key.split("/")[1] for key in s3.keys(bucket, "ray/")} - {""} == {"by_job"}, "a Ray Train run was left in the storage"
 
     assert s3.read(f"{report['path']}/pbt_global.txt").strip(), "PBT never exploited"
@@ -412,10 +415,6 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
             assert read_step(donor_checkpoint) == 20
             donor_l1 = weights_fingerprint(load_trained_model(donor_checkpoint).model)
     assert restored == {"restore/step": [(30, 20)], "restore/weights_l1": [(30, pytest.approx(donor_l1, rel=1e-12))]}, restored
-
-    assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
-                                                       f"s3://{bucket}/ray/nothing is not a detsweep checkpoint (expected "
-                                                       "config.yaml and ckpt.index in it)\n")
 
 
 class watch_train_worker_nodes:
