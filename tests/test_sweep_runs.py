@@ -155,6 +155,20 @@ def saved_trials(experiment: str) -> dict[str, tuple[str, int]]:
     return {trial.trial_id: (trial.status, (trial.last_result or {}).get("step", 0)) for trial in trials}
 
 
+def checkpointed_steps(experiment: str) -> dict[str, int]:
+    """Each trial's step at its latest checkpoint in Tune's saved experiment state (what a resume
+    restores from). A reported checkpoint reaches that state after its result does: Tune records
+    the result, then saves the trial in a task of its own."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        trials = ExperimentAnalysis(experiment).trials
+    except (ValueError, OSError):
+        return {}
+    return {trial.trial_id: trial.latest_checkpoint_result.metrics.get("step", 0)
+            for trial in trials if trial.latest_checkpoint_result}
+
+
 @pytest.mark.upgrade_check
 @pytest.mark.timeout(900)
 def test_bohb_resumed_from_its_bucket_alone_after_its_driver_died_with_trials_waiting_and_after_a_ranking_ranks_the_bracket_once(
@@ -167,7 +181,7 @@ def test_bohb_resumed_from_its_bucket_alone_after_its_driver_died_with_trials_wa
     is used again (another folder, an empty data cache, its logs gone) but its MLflow (a
     cluster's server would be elsewhere too): ``resume`` of the bucket's URI finds the sweep's
     MLflow by itself. It is killed again once the bracket was ranked and the trial it kept
-    trained past step 10. Each ``resume`` rebuilds the bracket from the trials and the searcher
+    trained past step 10 and its checkpoint there was saved. Each ``resume`` rebuilds the bracket from the trials and the searcher
     from its saved state: the waiting trials are not started before the ranking, the bracket
     is ranked once (the lower loss at step 10 goes on from its own checkpoint there, on the
     same MLflow run, which says what it restored; the others stop where they paused and never
@@ -220,9 +234,11 @@ def test_bohb_resumed_from_its_bucket_alone_after_its_driver_died_with_trials_wa
     unfinished = run_cli("status", experiment, "--json", cwd=second, env=s3.env, timeout=120)
     assert any(t["status"] not in ("TERMINATED", "STOPPED") for t in json.loads(unfinished.stdout)["trials"])
 
+    # killed once a checkpoint past the rung is saved: killed between its result and its checkpoint,
+    # a resume trains that step again from the rung's checkpoint, as it should (seen once)
     ranked = killed_once(["resume", experiment, "--no-register"], second,
-                         lambda saved: any(step >= 20 for _, step in saved.values()),
-                         "no trial was saved past the rung after the first resume")
+                         lambda saved: any(step >= 20 for step in checkpointed_steps(experiment).values()),
+                         "no trial's checkpoint past the rung was saved after the first resume")
     [kept] = [trial_id for trial_id, (_, step) in ranked.items() if step >= 20]
     stopped = [trial_id for trial_id in ranked if trial_id != kept]
     assert len(ranked) == 3 and [ranked[trial_id] for trial_id in stopped] == [("TERMINATED", 10)] * 2, ranked
