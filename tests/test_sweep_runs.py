@@ -143,30 +143,28 @@ def test_asha_decides_on_evaluations_that_ran_beside_training(trained_sweep):
     check_mlflow_runs(report, num_steps=150, every=25, eval_every=75, system_metrics=True)
 
 
-def saved_trials(experiment: str) -> dict[str, tuple[str, int]]:
-    """Each trial's status and last step in Tune's saved experiment state (what a resume reads),
-    at a folder or a bucket's URI."""
+def saved_state(experiment: str) -> list:
+    """The trials in Tune's saved experiment state (what a resume reads), at a folder or a
+    bucket's URI; none before it is written."""
     from ray.tune import ExperimentAnalysis
 
     try:
-        trials = ExperimentAnalysis(experiment).trials
+        return ExperimentAnalysis(experiment).trials
     except (ValueError, OSError):  # not written yet (missing, or a bucket's not found), or mid-write (bad JSON)
-        return {}
-    return {trial.trial_id: (trial.status, (trial.last_result or {}).get("step", 0)) for trial in trials}
+        return []
+
+
+def saved_trials(experiment: str) -> dict[str, tuple[str, int]]:
+    """Each trial's status and last step in Tune's saved experiment state."""
+    return {trial.trial_id: (trial.status, (trial.last_result or {}).get("step", 0)) for trial in saved_state(experiment)}
 
 
 def checkpointed_steps(experiment: str) -> dict[str, int]:
     """Each trial's step at its latest checkpoint in Tune's saved experiment state (what a resume
     restores from). A reported checkpoint reaches that state after its result does: Tune records
     the result, then saves the trial in a task of its own."""
-    from ray.tune import ExperimentAnalysis
-
-    try:
-        trials = ExperimentAnalysis(experiment).trials
-    except (ValueError, OSError):
-        return {}
     return {trial.trial_id: trial.latest_checkpoint_result.metrics.get("step", 0)
-            for trial in trials if trial.latest_checkpoint_result}
+            for trial in saved_state(experiment) if trial.latest_checkpoint_result}
 
 
 @pytest.mark.upgrade_check

@@ -205,16 +205,17 @@ def ray_train_runs(tmp_path_factory) -> dict:
     Train's start and its waits, and the machine has two cores): ``two_workers`` and
     ``diverges`` (``detsweep train``, each with the folder its storage is under), ``report_flow``."""
     two_workers, diverges = tmp_path_factory.mktemp("two-workers"), tmp_path_factory.mktemp("diverges")
+    short = [a for o in SHORT for a in ("--set", o)]
     runs = {
-        "two_workers": lambda: run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
+        "two_workers": lambda: run_cli("train", str(QUICKSTART), *short,
                                        "--set", "scaling.num_workers=2", "--storage", str(two_workers / "ray"),
                                        "--name", "w2", "--json"),
         "report_flow": lambda: run_bounded(
-            [sys.executable, "-m", "tests.report_flow", *[a for o in SHORT for a in ("--set", o)],
+            [sys.executable, "-m", "tests.report_flow", *short,
              "--set", "train.steps_per_loop=1", "--set", "train.eval_every=10", "--set", "train.checkpoint_every=0",
              "--set", "train.evaluation=async"],
             cwd=REPO, env={**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "5"}),
-        "diverges": lambda: run_cli("train", str(QUICKSTART), *[a for o in SHORT for a in ("--set", o)],
+        "diverges": lambda: run_cli("train", str(QUICKSTART), *short,
                                     "--set", "train.num_steps=12", "--set", "train.steps_per_loop=1",
                                     "--set", "train.eval_every=12", "--set", "train.checkpoint_every=12",
                                     "--storage", str(diverges / "ray"), "--verbose",
