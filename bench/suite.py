@@ -57,6 +57,20 @@ def timed(command: list[str], folder: Path, log: Path, env: dict[str, str] | Non
     return time.monotonic() - start
 
 
+def machine_gauge(repeats: int = 3) -> float:
+    """Seconds for a fixed pure-Python loop, the median of ``repeats``: the machine's speed the
+    hour the suite ran, so that two runs' times can be told apart from two machines' speeds
+    (here one day's gauge was twice another's, and so was a bare process's start-up)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total = 0
+        for i in range(20_000_000):
+            total += i
+        times.append(time.perf_counter() - start)
+    return round(sorted(times)[repeats // 2], 2)
+
+
 def main() -> None:
     args = arguments(__doc__.splitlines()[0]).parse_args()
     commit, clone, folder = fresh_clone("detsweep-suite-")
@@ -64,6 +78,7 @@ def main() -> None:
     (folder / "shared").symlink_to(REPO.parent / "shared")  # the datasets, where CI has them too
     print(f"make test, then make demo, in {clone} (commit {commit}); their output in {log}", flush=True)
     junit = folder / "junit.xml"
+    gauge = machine_gauge()  # before the suite, with nothing else running
     test = timed(["make", "test"], clone, log, env={"PYTEST_ADDOPTS": f"--junitxml={junit}"})
     output = log.read_text()
     [(passed, pytest_seconds)] = PASSED.findall(output)[-1:]
@@ -74,7 +89,7 @@ def main() -> None:
         settings={"commit": commit, "seed": seed.group(1) if seed else "?"},
         rows=[["figure", "value"], ["make test, install included (s)", round(test)],
               ["pytest (s)", round(float(pytest_seconds))], ["tests passed", int(passed)],
-              ["make demo, installed (s)", round(demo)],
+              ["make demo, installed (s)", round(demo)], ["machine gauge: 20 million additions in Python (s)", gauge],
               *[[f"{name} (s)", seconds] for name, seconds in seconds_per_file(junit)]],
         notes=["One run: the suite's time follows the machine's speed that day more than any one change.",
                "Slowest tests (s): " + "; ".join(f"{name} {seconds}" for name, seconds in slowest_tests(junit))],
