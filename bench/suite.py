@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from pathlib import Path
 
-from .common import REPO, Entry, arguments, fresh_clone, record
+from .common import REPO, Entry, arguments, fresh_clone, median, record
 
 PASSED = re.compile(r"=+ (\d+) passed.* in ([\d.]+)s")
 
@@ -59,8 +59,8 @@ def timed(command: list[str], folder: Path, log: Path, env: dict[str, str] | Non
 
 def machine_gauge(repeats: int = 3) -> float:
     """Seconds for a fixed pure-Python loop, the median of ``repeats``: the machine's speed the
-    hour the suite ran, so that two runs' times can be told apart from two machines' speeds
-    (here one day's gauge was twice another's, and so was a bare process's start-up)."""
+    hour the suite ran, so that a change's cost can be told from the machine's (here the gauge
+    once doubled within hours, and so did a bare process's start-up)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -68,7 +68,7 @@ def machine_gauge(repeats: int = 3) -> float:
         for i in range(20_000_000):
             total += i
         times.append(time.perf_counter() - start)
-    return round(sorted(times)[repeats // 2], 2)
+    return round(median(times), 2)
 
 
 def main() -> None:
