@@ -111,7 +111,10 @@ def minutes(seconds: float) -> str:
 
 
 def suite(entry: dict) -> str:
-    return f"{minutes(value(entry, 'make test, install included (s)'))} ({value(entry, 'tests passed')} tests)"
+    """The suite's time, then the machine's gauges taken before it (records from 2026-12-01 on)."""
+    gauges = [f"{row[1]} s" for row in entry["rows"][1:] if row[0].startswith("machine gauge")]
+    time = f"{minutes(value(entry, 'make test, install included (s)'))} ({value(entry, 'tests passed')} tests)"
+    return "; ".join([time, *gauges])
 
 
 def demo(entry: dict) -> str:
@@ -154,7 +157,8 @@ FIGURES: list[tuple[str, str, Figure]] = [
      "tracking_load", tracking_load),
     ("the MLflow server with credentials cached 60 s against MLflow's default", "tracking_server",
      tracking_server),
-    ("`make test` from a clean clone, install included", "suite", suite),
+    ("`make test` from a clean clone, install included; the machine's gauges before it: a Python loop, "
+     "a bare process's fork to its first training step", "suite", suite),
     ("`make demo` after that (the venv made): the quickstart sweep, 4 trials", "suite", demo),
     ("`make demo` from a fresh clone, install included, on a quiet machine; again beside two busy processes",
      "demo", demo_anywhere),

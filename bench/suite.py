@@ -71,6 +71,15 @@ def machine_gauge(repeats: int = 3) -> float:
     return round(median(times), 2)
 
 
+def floor_gauge(repeats: int = 3) -> float:
+    """Seconds from a bare process's fork to its first training step (``bench.startup``'s floor),
+    the median of ``repeats``: the work the suite is made of (TensorFlow's import, a trace, a
+    step), which slowed more than the Python loop did (1.17 s against 1.0, the suite by 1.6x)."""
+    from .startup import floor_of, start_floor
+
+    return round(median([sum(floor_of(start_floor()).values()) for _ in range(repeats)]), 1)
+
+
 def main() -> None:
     args = arguments(__doc__.splitlines()[0]).parse_args()
     commit, clone, folder = fresh_clone("detsweep-suite-")
@@ -78,7 +87,7 @@ def main() -> None:
     (folder / "shared").symlink_to(REPO.parent / "shared")  # the datasets, where CI has them too
     print(f"make test, then make demo, in {clone} (commit {commit}); their output in {log}", flush=True)
     junit = folder / "junit.xml"
-    gauge = machine_gauge()  # before the suite, with nothing else running
+    gauge, floor = machine_gauge(), floor_gauge()  # before the suite, with nothing else running
     test = timed(["make", "test"], clone, log, env={"PYTEST_ADDOPTS": f"--junitxml={junit}"})
     output = log.read_text()
     [(passed, pytest_seconds)] = PASSED.findall(output)[-1:]
@@ -90,6 +99,7 @@ def main() -> None:
         rows=[["figure", "value"], ["make test, install included (s)", round(test)],
               ["pytest (s)", round(float(pytest_seconds))], ["tests passed", int(passed)],
               ["make demo, installed (s)", round(demo)], ["machine gauge: 20 million additions in Python (s)", gauge],
+              ["machine gauge: a bare process's fork to its first training step (s)", floor],
               *[[f"{name} (s)", seconds] for name, seconds in seconds_per_file(junit)]],
         notes=["One run: the suite's time follows the machine's speed that day more than any one change.",
                "Slowest tests (s): " + "; ".join(f"{name} {seconds}" for name, seconds in slowest_tests(junit))],
