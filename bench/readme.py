@@ -113,8 +113,8 @@ def minutes(seconds: float) -> str:
 def suite(entry: dict) -> str:
     """The suite's time, then the machine's gauges taken before it (records from 2026-12-01 on)."""
     gauges = [f"{row[1]} s" for row in entry["rows"][1:] if row[0].startswith("machine gauge")]
-    time = f"{minutes(value(entry, 'make test, install included (s)'))} ({value(entry, 'tests passed')} tests)"
-    return "; ".join([time, *gauges])
+    spent = f"{minutes(value(entry, 'make test, install included (s)'))} ({value(entry, 'tests passed')} tests)"
+    return "; ".join([spent, *gauges])
 
 
 def demo(entry: dict) -> str:

@@ -3,7 +3,8 @@ into a fresh folder, then ``make test`` there (install included), then ``make de
 already made). A run whose tests all passed is recorded as ``suite``; a failed one records
 nothing and keeps its folder for a look. Each test file's seconds (set-up included, from
 pytest's JUnit report) are a row of their own, so that the next change sees what it cost.
-About 45 minutes on 2 cores, so ``make bench`` leaves it out: run it alone.
+About 35-55 minutes on 2 cores, as fast as the machine is that day, so ``make bench`` leaves it
+out: run it alone.
 
     .venv/bin/python -m bench.suite [--out FILE]
 """
