@@ -89,7 +89,9 @@ def main() -> None:
     (folder / "shared").symlink_to(REPO.parent / "shared")  # the datasets, where CI has them too
     print(f"make test, then make demo, in {clone} (commit {commit}); their output in {log}", flush=True)
     junit = folder / "junit.xml"
-    gauge, floor = machine_gauge(), floor_gauge()  # before the suite, with nothing else running
+    # Before the suite, with nothing else running. The floor runs this tree's venv (the clone has
+    # none yet): it gauges the machine, not the commit.
+    gauge, floor = machine_gauge(), floor_gauge()
     test = timed(["make", "test"], clone, log, env={"PYTEST_ADDOPTS": f"--junitxml={junit}"})
     output = log.read_text()
     [(passed, pytest_seconds)] = PASSED.findall(output)[-1:]
