@@ -136,6 +136,40 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     return run_bounded(command, cwd=cwd or REPO, env=cli_environment(env), timeout=timeout)
 
 
+def run_here(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``detsweep`` called in this process, for a test of what a command that only reads and
+    answers says (``validate``, ``data inspect``, ``optimizer``), not of its process: TensorFlow
+    and keras-hub are imported here once, where each ``run_cli`` imports them again (7 s apiece
+    on this machine). Its result as ``run_cli`` gives it; ``env`` is set for the call alone."""
+    import io
+
+    from detsweep.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd or REPO), set_environment(env or {}), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit:  # argparse's own refusals
+            code = exit.code if isinstance(exit.code, int) else 2
+    return subprocess.CompletedProcess(["detsweep", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def set_environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in ``os.environ`` while the block runs, and what was there before after it."""
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def side_by_side(calls: list[Callable[[], T]]) -> list[T]:
     """Each call's result, two calls at a time: a ``detsweep`` subprocess that reads MLflow or
     refuses is mostly one core's Python start-up and imports, one that trains through Ray

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from .cluster_parts import WORKER_TYPE, AutoscalingCluster, autoscaling_cluster
-from .conftest import REPO, foreign_lines, run_cli, side_by_side, wait_until, without_the_unread_preset
+from .conftest import REPO, foreign_lines, run_cli, run_here, wait_until, without_the_unread_preset
 from .mlflow_checks import check_mlflow_runs
 from .tiny_sweeps import tiny_sweep
 
@@ -28,8 +28,8 @@ CLUSTER_FILE = REPO / "ray_cluster.yaml"
 def coco_in_bucket(s3, tmp_path: Path, bucket: str = "my-bucket") -> None:
     """A tiny COCO dataset at the four places ``coco_gpu.yaml`` names in its bucket."""
     shapes = tmp_path / "shapes"
-    made = run_cli("data", "synth", "--out", str(shapes), "--num-images", "4", "--image-size", "64",
-                   "--classes", "2", "--seed", "1", timeout=120)
+    made = run_here("data", "synth", "--out", str(shapes), "--num-images", "4", "--image-size", "64",
+                    "--classes", "2", "--seed", "1")
     assert made.returncode == 0, made.stderr
     s3.new_bucket(bucket)
     for split in ("train2017", "val2017"):
@@ -43,8 +43,8 @@ def test_the_shipped_sweep_is_sized_against_the_shipped_cluster_file_before_ray_
     coco_in_bucket(s3, tmp_path)
 
     def validate(*overrides: str) -> subprocess.CompletedProcess:
-        return run_cli("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE), "--json",
-                       *[arg for o in overrides for arg in ("--set", o)], env=s3.env, timeout=120)
+        return run_here("validate", str(COCO_GPU), "--cluster-config", str(CLUSTER_FILE), "--json",
+                        *[arg for o in overrides for arg in ("--set", o)], env=s3.env)
 
     # a folder of the nodes' own (staged there, or a shared filesystem) cannot be seen from here: a note
     staged_at = "base.data.val.images=/data/coco/val2017"
@@ -58,8 +58,7 @@ def test_the_shipped_sweep_is_sized_against_the_shipped_cluster_file_before_ray_
                 "base.data.val.images=s3://no-such-bucket/coco/val2017": "base.data.val.images: found "
                                                                          "'s3://no-such-bucket/coco/val2017', expected "
                                                                          "a file or folder there"}
-    checked, staged, *refused = side_by_side([lambda override=override: validate(*override)
-                                              for override in [(), (staged_at,), *[(o,) for o in refusals]]])
+    checked, staged, *refused = [validate(*override) for override in [(), (staged_at,), *[(o,) for o in refusals]]]
     assert checked.returncode == 0, checked.stderr
     report = json.loads(checked.stdout)
     # 8 GPU nodes, 2 single-GPU workers a trial; the 0-CPU head holds none

@@ -21,7 +21,7 @@ from detsweep.data.commands import add_data_commands
 from detsweep.data.labelmap import read_label_map
 from detsweep.errors import DetsweepError
 
-from .conftest import RACCOON, run_cli
+from .conftest import RACCOON, run_cli, run_here
 
 RACCOON_XML = RACCOON / "annotations"
 RACCOON_RECORD = RACCOON / "data" / "test.record"
@@ -438,8 +438,8 @@ def test_data_inspect_reads_a_tfrecord_by_its_label_map_through_the_cli(tmp_path
     label map of our own: its names, and its category without boxes, are the ones shown."""
     labels = tmp_path / "labels.pbtxt"
     labels.write_text("item { id: 1 name: 'raccoon' display_name: 'Procyon lotor' }\nitem { id: 2 name: 'fox' }\n")
-    result = run_cli("data", "inspect", "--format", "tfrecord", "--annotations", str(RACCOON_RECORD),
-                     "--label-map", str(labels), "--json", timeout=120)
+    result = run_here("data", "inspect", "--format", "tfrecord", "--annotations", str(RACCOON_RECORD),
+                      "--label-map", str(labels), "--json")
     assert result.returncode == 0, result.stderr
     described = json.loads(result.stdout)
     with (RACCOON / "data" / "test_labels.csv").open() as stream:

@@ -10,7 +10,7 @@ from detsweep.config.odapi import import_pipeline
 from detsweep.errors import DetsweepError
 from detsweep.optim import build_optimizer
 
-from .conftest import RACCOON_PIPELINE, run_cli
+from .conftest import RACCOON_PIPELINE, run_cli, run_here
 
 
 def test_raccoon_pipeline_imports_to_rms_prop_with_exponential_decay():
@@ -84,7 +84,7 @@ def test_invalid_text_proto_is_a_one_line_error(write):
 
 
 def test_odapi_file_works_with_the_optimizer_command():
-    result = run_cli("optimizer", str(RACCOON_PIPELINE), "--json", "--steps", "0,800720")
+    result = run_here("optimizer", str(RACCOON_PIPELINE), "--json", "--steps", "0,800720")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["optimizer"] == "RMSprop"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REPO, run_bounded, run_cli, side_by_side
+from .conftest import REPO, run_bounded, run_cli, run_here, side_by_side
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 SWEEP = REPO / "sweeps" / "quickstart.yaml"
@@ -118,8 +118,7 @@ def forward_layers(layer) -> list:
 def test_a_preset_saved_by_keras_hub_passes_validate(presets):
     """A backbone's preset and a whole detector's (two ``validate`` calls side by side)."""
     kinds = ("backbone", "detector")
-    results = side_by_side([lambda kind=kind: run_cli("validate", str(SWEEP), "--set", f"base.model.weights={presets[kind]}",
-                                                      "--json") for kind in kinds])
+    results = [run_here("validate", str(SWEEP), "--set", f"base.model.weights={presets[kind]}", "--json") for kind in kinds]
     for kind, result in zip(kinds, results):
         assert result.returncode == 0, result.stderr[-3000:]
         report = json.loads(result.stdout)
@@ -225,8 +224,8 @@ def test_keras_hubs_own_retinanet_and_encoder_presets_pass_by_name_and_other_kin
 
 def test_a_preset_folder_sized_for_a_cluster_config_is_left_to_its_nodes(tmp_path):
     """Before ``ray up`` the nodes' folders cannot be looked at from here: a note, as for data."""
-    result = run_cli("validate", str(SWEEP), "--set", f"base.model.weights={tmp_path / 'on_the_nodes'}",
-                     "--cluster-config", str(REPO / "ray_cluster.yaml"), "--json", cwd=tmp_path)
+    result = run_here("validate", str(SWEEP), "--set", f"base.model.weights={tmp_path / 'on_the_nodes'}",
+                      "--cluster-config", str(REPO / "ray_cluster.yaml"), "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"left to the nodes, which must have it: base.model.weights: {tmp_path / 'on_the_nodes'}" in json.loads(result.stdout)["notes"]
 
@@ -479,9 +478,9 @@ def test_a_registry_name_or_a_handle_is_read_here_as_the_workers_read_it_and_its
     said = ("model.weights: the preset {}'s architecture replaces model.image_size 128 → 96; model.max_level 5 → 4; "
             "model.anchor_size 4.0 → 3.0; model.scales_per_octave 3 → 2; model.aspect_ratios (2.0, 1.0, 0.5) → (1.0,); "
             "model.head_conv_layers 0 → 1")
-    result = run_cli("validate", str(SWEEP), "--set", f"base.model.weights={COCO}", "--set", "base.model.anchor_size=4",
-                     "--set", "base.model.scales_per_octave=3", "--set", "base.model.aspect_ratios=[2.0, 1.0, 0.5]",
-                     "--json", env=kaggle_cache)
+    result = run_here("validate", str(SWEEP), "--set", f"base.model.weights={COCO}", "--set", "base.model.anchor_size=4",
+                      "--set", "base.model.scales_per_octave=3", "--set", "base.model.aspect_ratios=[2.0, 1.0, 0.5]",
+                      "--json", env=kaggle_cache)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [note for note in json.loads(result.stdout)["notes"] if "model.weights" in note] == [said.format(COCO)]
     handle = f"kaggle://keras/retinanet/keras/{COCO}/4"

@@ -13,7 +13,7 @@ from detsweep.preflight.capacity import Capacity, NodeType, this_machine
 from detsweep.sweeps import load_sweep
 from detsweep.sweeps.launch import validation_report
 
-from .conftest import REPO, run_bounded, run_cli, side_by_side, without_the_unread_preset
+from .conftest import REPO, run_bounded, run_cli, run_here, side_by_side, without_the_unread_preset
 from .test_cluster_sweeps import coco_in_bucket
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -34,7 +34,7 @@ def test_every_shipped_sweep_validates(path, s3, tmp_path):
     if on_the_cluster:
         coco_in_bucket(s3, tmp_path)
     cluster = ["--cluster-config", str(CLUSTER_FILE)] if on_the_cluster else []
-    result = run_cli("validate", str(path), *cluster, "--json", env=s3.env)
+    result = run_here("validate", str(path), *cluster, "--json", env=s3.env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["trials"] >= 1 and len(report["samples"]) == min(5, report["trials"])
@@ -516,7 +516,7 @@ def test_validate_counts_the_grid_points_that_cannot_train_and_says_why_one_cann
          "reason": "model.image_size: found 96, expected a multiple of 64 (2 ** max_level)"},
         {"point": {"model.image_size": 160, "model.max_level": 6},
          "reason": "model.image_size: found 160, expected a multiple of 64 (2 ** max_level)"}]
-    result = run_cli("validate", path, timeout=120)
+    result = run_here("validate", path)
     assert result.returncode == 0, result.stderr
     assert ("note: 2 of 6 grid points cannot train (their trials will fail at their start), e.g. model.image_size=96, "
             "model.max_level=6: model.image_size: found 96, expected a multiple of 64 (2 ** max_level)") in result.stdout
