@@ -138,15 +138,16 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 def run_here(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``detsweep`` called in this process, for a test of what a command that only reads and
-    answers says (``validate``, ``data inspect``, ``optimizer``), not of its process: TensorFlow
-    and keras-hub are imported here once, where each ``run_cli`` imports them again (7 s apiece
-    on this machine). Its result as ``run_cli`` gives it; ``env`` is set for the call alone."""
+    answers says (``validate``, ``data inspect``, ``optimizer``, ``best``, ``status``,
+    ``export``), not of its process: TensorFlow, keras-hub and MLflow are imported here once,
+    where each ``run_cli`` imports them again (7 s apiece on this machine). Its result as
+    ``run_cli`` gives it, in the environment ``cli_environment`` gives, for the call alone."""
     import io
 
     from detsweep.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(cwd or REPO), set_environment(env or {}), \
+    with contextlib.chdir(cwd or REPO), set_environment({"MLFLOW_TRACKING_URI": None, **(env or {})}), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(list(args))
@@ -156,18 +157,23 @@ def run_here(*args: str, cwd: Path | None = None, env: dict[str, str] | None = N
 
 
 @contextlib.contextmanager
-def set_environment(env: dict[str, str]) -> Iterator[None]:
-    """``env`` in ``os.environ`` while the block runs, and what was there before after it."""
-    before = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
+def set_environment(env: dict[str, str | None]) -> Iterator[None]:
+    """``env`` in ``os.environ`` while the block runs (None: the variable is not there), and
+    what was there before after it."""
+
+    def put(values: dict[str, str | None]) -> None:
+        for name, value in values.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+    before = {name: os.environ.get(name) for name in env}
+    put(env)
+    try:
+        yield
+    finally:
+        put(before)
 
 
 def side_by_side(calls: list[Callable[[], T]]) -> list[T]:

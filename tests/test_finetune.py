@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REPO, run_cli, side_by_side
+from .conftest import REPO, run_cli, run_here, side_by_side
 from .mlflow_checks import free_port
 from .tiny_sweeps import tiny_sweep
 
@@ -74,8 +74,8 @@ def downloaded(uri: str, tracking_uri: str, into: Path) -> Path:
 
 def test_best_ranks_the_trials_from_mlflow_alone(trained_sweep):
     folder, report = trained_sweep
-    shown, table = side_by_side([lambda: run_cli("best", "source", "--json", cwd=folder),
-                                 lambda: run_cli("best", str(folder / "source.yaml"), cwd=folder)])  # by sweep file, as a table
+    shown = run_here("best", "source", "--json", cwd=folder)
+    table = run_here("best", str(folder / "source.yaml"), cwd=folder)  # by sweep file, as a table
     assert shown.returncode == 0, shown.stderr
     ranking = json.loads(shown.stdout)
     assert ranking["metric"] == "eval/AP_best" and ranking["mode"] == "max"
@@ -199,7 +199,7 @@ def test_more_steps_from_the_best_trial_keep_its_optimizer_and_do_not_lose_what_
     assert len(ranked.to_dict()["trials"]) == len(report["trials"])
 
     # and shipped: the export of a checkpoint from MLflow is logged back to its run
-    exported = run_cli("export", "--from", f"run:{run.info.run_id}", "--out", str(tmp_path / "export"), "--json", cwd=folder)
+    exported = run_here("export", "--from", f"run:{run.info.run_id}", "--out", str(tmp_path / "export"), "--json", cwd=folder)
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert json.loads(exported.stdout)["run_id"] == run.info.run_id and (tmp_path / "export" / "saved_model.pb").is_file()
     assert "export/saved_model/saved_model.pb" in {a.path for a in client.list_artifacts(run.info.run_id, "export/saved_model")}

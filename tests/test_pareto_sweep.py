@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import foreign_lines, run_cli
+from .conftest import foreign_lines, run_cli, run_here
 from .tiny_sweeps import launch_json, results_of, tiny_sweep
 
 HEADS = "model.head_conv_layers"
@@ -103,7 +103,7 @@ def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(tmp
     assert len(csv_rows) == 1 + 2 and sum(bool(line.split(",")[1]) for line in csv_rows[1:]) == len(front)
     assert Path(client.download_artifacts(parent, "pareto.png", str(tmp_path))).read_bytes()[:4] == b"\x89PNG"
 
-    shown = run_cli("best", "front", "--pareto", "--json", cwd=tmp_path)
+    shown = run_here("best", "front", "--pareto", "--json", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["pareto"] == pareto  # from MLflow alone, the same front
 

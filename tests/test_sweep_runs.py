@@ -24,7 +24,7 @@ from .conftest import (
     cli_environment,
     foreign_lines,
     run_cli,
-    side_by_side,
+    run_here,
 )
 from .mlflow_checks import check_mlflow_runs, check_mlflow_ui
 from .tiny_sweeps import lr_of, results_in_bucket, results_of, shapes_in_bucket, tiny_sweep
@@ -64,10 +64,9 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tra
     home = folder / "home"
     (home / "ray_results").mkdir(parents=True)
     (home / "ray_results" / "source").symlink_to(report["path"])
-    *statuses, shown = side_by_side([
-        *[lambda where=where, env=env: run_cli("status", where, "--json", env=env)
-          for where, env in ((report["path"], None), (str(sweep), None), ("source", {"HOME": str(home)}))],
-        lambda: run_cli("status", report["path"])])
+    *statuses, shown = [*[run_here("status", where, "--json", env=env)
+                          for where, env in ((report["path"], None), (str(sweep), None), ("source", {"HOME": str(home)}))],
+                        run_here("status", report["path"])]
     for status in statuses:
         assert status.returncode == 0, status.stderr
         again = json.loads(status.stdout)
@@ -229,7 +228,7 @@ def test_bohb_resumed_from_its_bucket_alone_after_its_driver_died_with_trials_wa
     assert len(waiting) <= 3 and not any(step > 10 for _, step in waiting.values()), waiting
     shutil.rmtree(first / "cache")  # the machine's copy of the data, and its logs, are gone
     shutil.rmtree(first / "logs", ignore_errors=True)
-    unfinished = run_cli("status", experiment, "--json", cwd=second, env=s3.env, timeout=120)
+    unfinished = run_here("status", experiment, "--json", cwd=second, env=s3.env)
     assert any(t["status"] not in ("TERMINATED", "STOPPED") for t in json.loads(unfinished.stdout)["trials"])
 
     # killed once a checkpoint past the rung is saved: killed between its result and its checkpoint,

@@ -24,7 +24,7 @@ from detsweep.tracking.checkpoint_models import best_checkpoint, best_of, checkp
 from detsweep.tracking.source import local_copy
 from detsweep.tracking.writer import RetryingWriter
 
-from .conftest import RACCOON, REPO, run_bounded, run_cli, side_by_side
+from .conftest import RACCOON, REPO, run_bounded, run_cli, run_here
 from .mlflow_checks import free_port
 
 QUICKSTART_SWEEP = REPO / "sweeps" / "quickstart.yaml"
@@ -481,10 +481,9 @@ def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_
             run.log_report({"step": 10, "eval/AP_best": ap, "train/loss": loss})
             run.finish()
 
-    shown = side_by_side([lambda: run_cli("best", "quickstart", "--json", cwd=tmp_path),
-                          lambda: run_cli("best", "quickstart", "--json", "--metric", "train/loss", "--mode", "min",
-                                          "--top", "2", cwd=tmp_path),
-                          lambda: run_cli("best", "quickstart", "--top", "1", cwd=tmp_path)])
+    shown = [run_here("best", "quickstart", "--json", cwd=tmp_path),
+             run_here("best", "quickstart", "--json", "--metric", "train/loss", "--mode", "min", "--top", "2", cwd=tmp_path),
+             run_here("best", "quickstart", "--top", "1", cwd=tmp_path)]
     assert all(result.returncode == 0 for result in shown), [result.stderr for result in shown]
     ranking, by_loss = (json.loads(result.stdout) for result in shown[:2])
     assert (ranking["metric"], ranking["mode"]) == ("eval/AP_best", "max") == (sweep.search.metric, sweep.search.mode)
@@ -899,7 +898,7 @@ def test_a_trial_killed_mid_upload_leaves_a_pending_checkpoint_that_best_finetun
     partial = tracking_stack.s3.keys(tracking_stack.bucket, f"mlflow/{experiment}/models/{models[20].model_id}/")
     assert len(partial) == 1, partial  # some, not all, of its files reached the bucket
     complete = f"models:/{models[10].model_id}"
-    shown = run_cli("best", "killed-mid-upload", "--json", env=tracking_stack.client_env)
+    shown = run_here("best", "killed-mid-upload", "--json", env=tracking_stack.client_env)
     assert shown.returncode == 0, shown.stderr
     [ranked] = json.loads(shown.stdout)["trials"]
     assert (ranked["checkpoint"], ranked["checkpoint_step"]) == (complete, 10)

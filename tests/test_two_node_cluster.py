@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 
-from .conftest import REPO, run_bounded, run_cli, side_by_side
+from .conftest import REPO, run_bounded, run_cli, run_here, side_by_side
 from .mlflow_checks import (
     assert_no_secret,
     check_mlflow_runs,
@@ -257,7 +257,7 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
         client = MlflowClient(new_uri)
         assert {run_id: metric_histories(client, run_id) for run_id in histories} == histories
         assert all(len(h["train/loss"]) == 5 for h in histories.values())  # steps 2, 4, … 10 of each trial
-        best = run_cli("best", "outlives", "--json", cwd=tmp_path, env=new)
+        best = run_here("best", "outlives", "--json", cwd=tmp_path, env=new)
         assert best.returncode == 0, best.stderr[-2000:]
         ranked = json.loads(best.stdout)["trials"][0]
         assert ranked["run_id"] == report["best"]["mlflow_run_id"] and ranked["checkpoint"].startswith("models:/m-")
@@ -371,11 +371,10 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
     assert report["mlflow"]["tracking_uri"] == job_db and (tmp_path / "job.db").exists()
     assert seen.stop() == cluster.nodes
     assert "16 images" in job.stdout and (cache / "s3" / bucket / "datasets" / "shapes" / "images").is_dir()
-    # `status` of the sweep, and a fine-tune from a checkpoint the bucket lacks (refused), side by side
-    status, missing = side_by_side([
-        lambda: run_cli("status", report["path"], "--json", cwd=tmp_path, env=s3.env, timeout=120),
-        lambda: run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
-                        timeout=120)])
+    # `status` of the sweep, and a fine-tune from a checkpoint the bucket lacks (refused)
+    status = run_here("status", report["path"], "--json", cwd=tmp_path, env=s3.env)
+    missing = run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,
+                      timeout=120)
     assert status.returncode == 0 and json.loads(status.stdout)["best"]["checkpoint"] == report["best"]["checkpoint"]
     assert (missing.returncode, missing.stderr) == (2, f"detsweep: error: --from checkpoint:s3://{bucket}/ray/nothing: "
                                                        f"s3://{bucket}/ray/nothing is not a detsweep checkpoint (expected "
