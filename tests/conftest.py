@@ -149,10 +149,7 @@ def run_here(*args: str, cwd: Path | None = None, env: dict[str, str] | None = N
     out, err = io.StringIO(), io.StringIO()
     with contextlib.chdir(cwd or REPO), set_environment({"MLFLOW_TRACKING_URI": None, **(env or {})}), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exit:  # argparse's own refusals
-            code = exit.code if isinstance(exit.code, int) else 2
+        code = main(list(args))
     return subprocess.CompletedProcess(["detsweep", *args], code, out.getvalue(), err.getvalue())
 
 
