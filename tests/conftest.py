@@ -174,7 +174,7 @@ def set_environment(env: dict[str, str | None]) -> Iterator[None]:
 
 
 def side_by_side(calls: list[Callable[[], T]]) -> list[T]:
-    """Each call's result, two calls at a time: a ``detsweep`` subprocess that reads MLflow or
+    """Each call's result, two calls at a time: a ``detsweep`` subprocess that
     refuses is mostly one core's Python start-up and imports, one that trains through Ray
     mostly waits on Ray's processes starting one after another, and the machine has two."""
     from concurrent.futures import ThreadPoolExecutor
