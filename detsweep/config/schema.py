@@ -122,8 +122,10 @@ class LearningRateConfig(Section):
 
     def _check_cosine(self) -> None:
         default = "" if "warmup_steps" in self.model_fields_set else " (the OD API default)"
-        if self.warmup_steps > self.total_steps:
-            raise invalid("warmup_steps", self.warmup_steps, f"<= total_steps ({self.total_steps}){default}")
+        # warm-up alone eating the run is the warm-up's fault, not the hold's
+        if self.warmup_steps >= self.total_steps:
+            raise invalid("warmup_steps", self.warmup_steps,
+                          f"< total_steps ({self.total_steps}), so that the decay has steps left{default}")
         if self.warmup_steps + self.hold_base_rate_steps >= self.total_steps:
             raise invalid(
                 "hold_base_rate_steps",
