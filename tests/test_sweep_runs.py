@@ -229,7 +229,8 @@ def test_bohb_resumed_from_its_bucket_alone_after_its_driver_died_with_trials_wa
     shutil.rmtree(first / "cache")  # the machine's copy of the data, and its logs, are gone
     shutil.rmtree(first / "logs", ignore_errors=True)
     unfinished = run_here("status", experiment, "--json", cwd=second, env=s3.env)
-    assert any(t["status"] not in ("TERMINATED", "STOPPED") for t in json.loads(unfinished.stdout)["trials"])
+    shown = {t["trial_id"]: (t["status"], t["metrics"].get("step", 0)) for t in json.loads(unfinished.stdout)["trials"]}
+    assert shown == waiting, shown  # each trial as the dead driver left it: none ended, two paused at the rung
 
     # killed once a checkpoint past the rung is saved: killed between its result and its checkpoint,
     # a resume trains that step again from the rung's checkpoint, as it should (seen once)
