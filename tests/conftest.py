@@ -136,18 +136,24 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     return run_bounded(command, cwd=cwd or REPO, env=cli_environment(env), timeout=timeout)
 
 
+# What no ``detsweep`` call a test makes inherits from this process but from its ``env``:
+# ``mlflow.set_tracking_uri`` here (a check, a module fixture's set-up) writes the URI into
+# ``os.environ``.
+UNINHERITED = ("MLFLOW_TRACKING_URI",)
+
+
 def run_here(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``detsweep`` called in this process, for a test of what a command that only reads and
     answers says (``validate``, ``data inspect``, ``optimizer``, ``best``, ``status``,
     ``export``), not of its process: TensorFlow, keras-hub and MLflow are imported here once,
-    where each ``run_cli`` imports them again (7 s apiece on this machine). Its result as
-    ``run_cli`` gives it, in the environment ``cli_environment`` gives, for the call alone."""
+    where each ``run_cli`` imports them again (seconds apiece). Its result as ``run_cli`` gives
+    it, in the environment ``cli_environment`` gives, for the call alone."""
     import io
 
     from detsweep.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(cwd or REPO), set_environment({"MLFLOW_TRACKING_URI": None, **(env or {})}), \
+    with contextlib.chdir(cwd or REPO), set_environment({**dict.fromkeys(UNINHERITED), **(env or {})}), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(args))
     return subprocess.CompletedProcess(["detsweep", *args], code, out.getvalue(), err.getvalue())
@@ -184,13 +190,11 @@ def side_by_side(calls: list[Callable[[], T]]) -> list[T]:
 
 
 def cli_environment(env: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment for a ``detsweep`` subprocess, with ``env`` added. Without a
-    tracking URI but the one ``env`` gives: ``mlflow.set_tracking_uri`` in this process (a
-    check, a module fixture's set-up) writes one into ``os.environ``. Ray's authentication mode
-    is inherited: a cluster this process started (``ray.init``, ``cluster_utils``) wrote "token"
-    there, which its clients need; a cluster started otherwise gives its clients its own
-    (``cluster_parts.AUTH``)."""
-    inherited = {name: value for name, value in os.environ.items() if name != "MLFLOW_TRACKING_URI"}
+    """This process's environment for a ``detsweep`` subprocess, with ``env`` added, without
+    ``UNINHERITED``. Ray's authentication mode is inherited: a cluster this process started
+    (``ray.init``, ``cluster_utils``) wrote "token" there, which its clients need; a cluster
+    started otherwise gives its clients its own (``cluster_parts.AUTH``)."""
+    inherited = {name: value for name, value in os.environ.items() if name not in UNINHERITED}
     return {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
 
 

@@ -6,7 +6,6 @@ model loads."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -20,12 +19,11 @@ from detsweep.checkpoints import CONFIG_FILE, read_config
 from detsweep.data import load_dataset
 from detsweep.evaluation import evaluate_detections
 from detsweep.evaluation.coco import resampled_scores
-from detsweep.export.commands import add_export_commands
 from detsweep.export.quantize import in_network
 from detsweep.export.scoring import detections_of
 from detsweep.export.serving_cost import ROUND, measure_latency, tflite_runner
 
-from .conftest import RACCOON, REPO, run_bounded, run_cli
+from .conftest import RACCOON, REPO, run_bounded, run_cli, run_here
 
 STEPS = 300  # enough for confident raccoons at 128 px (val AP 0.13 here, 97 boxes scoring 0.5 or more)
 TOP_SCORE = 0.5  # "the boxes that matter": float detections at least this sure
@@ -73,16 +71,9 @@ def test_the_benchmark_records_the_exports_table_and_the_int8_target(int8_bench)
 
 def export_json(*argv: str) -> dict:
     """``detsweep export … --json`` in this process; its printed report."""
-    import contextlib
-    import io
-
-    parser = argparse.ArgumentParser(prog="detsweep")
-    add_export_commands(parser.add_subparsers(required=True))
-    args = parser.parse_args(["export", *argv, "--json"])
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert args.command(args) == 0
-    return json.loads(printed.getvalue())
+    done = run_here("export", *argv, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def val_set_of(checkpoint: Path):
