@@ -60,8 +60,8 @@ def test_schedule_and_optimizer_vary_independently(write):
         (MINIMAL, ["optimizer.moving_average_decay=1.0"], "optimizer.moving_average_decay: found 1.0"),
         (MINIMAL, ["optimizer.moving_average_decay=0"], "optimizer.moving_average_decay: found 0"),
         ("optimizer: {type: adam, learning_rate: {type: cosine, total_steps: 100}}", [],
-         "optimizer.learning_rate.warmup_steps: found 10000, expected < total_steps (100), so that the decay has steps "
-         "left (the OD API default)"),
+         "optimizer.learning_rate.warmup_steps: found 10000, expected < total_steps (100) (the OD API default), so "
+         "that the decay has steps left"),
         ("optimizer: {type: adam, learning_rate: {type: cosine, total_steps: 100, warmup_steps: 200}}", [],
          "optimizer.learning_rate.warmup_steps: found 200, expected < total_steps (100)"),
         # the quickstart's 30 warm-up steps with 30 steps in all: the line names the warm-up, not the hold

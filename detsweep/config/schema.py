@@ -125,7 +125,7 @@ class LearningRateConfig(Section):
         # warm-up alone eating the run is the warm-up's fault, not the hold's
         if self.warmup_steps >= self.total_steps:
             raise invalid("warmup_steps", self.warmup_steps,
-                          f"< total_steps ({self.total_steps}), so that the decay has steps left{default}")
+                          f"< total_steps ({self.total_steps}){default}, so that the decay has steps left")
         if self.warmup_steps + self.hold_base_rate_steps >= self.total_steps:
             raise invalid(
                 "hold_base_rate_steps",
