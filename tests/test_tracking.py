@@ -904,7 +904,7 @@ def test_a_trial_killed_mid_upload_leaves_a_pending_checkpoint_that_best_finetun
     assert (ranked["checkpoint"], ranked["checkpoint_step"]) == (complete, 10)
     assert resolve_source("best:killed-mid-upload", resolve_backend(TrackingConfig())).location == complete
     link = RunLink(tracking_stack.uri, experiment, None)
-    assert best_in_mlflow(link, {"trial_id": "t_00000", "mlflow_run_id": run_id}, load_sweep(QUICKSTART_SWEEP)) == complete
+    assert best_in_mlflow(link, {"trial_id": "t_00000", "mlflow_run_id": run_id}, load_sweep(QUICKSTART_SWEEP)) == (complete, None)
 
     resumed = TrialRun(link, TrialIdentity("t_00000", "trial_t_00000"), load_sweep(QUICKSTART_SWEEP).base)
     resumed.log_report({"step": 30, "train/loss": 0.4, "eval/AP_best": 0.1},

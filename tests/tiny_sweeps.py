@@ -71,7 +71,7 @@ def launch_json(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tup
 
 LAUNCH_KEYS = {"name", "path", "metric", "mode", "trials", "best", "mlflow", "cost"}
 TRIAL_KEYS = {"trial_id", "status", "metrics", "config", "checkpoint", "error", "infeasible", "mlflow_run_id", "cost"}
-MLFLOW_KEYS = {"tracking_uri", "experiment_id", "parent_run_id", "registered_model"}
+MLFLOW_KEYS = {"tracking_uri", "experiment_id", "parent_run_id", "registered_model", "not_registered"}
 REGISTERED_KEYS = {"name", "version", "model_uri", "champion"}
 COST_KEYS = {"cost/cpu_hours", "cost/gpu_hours"}
 
@@ -86,6 +86,7 @@ def check_launch_keys(report: dict) -> None:
     assert set(report["mlflow"]) == MLFLOW_KEYS, sorted(report["mlflow"])
     registered = report["mlflow"]["registered_model"]
     assert registered is None or set(registered) == REGISTERED_KEYS, sorted(registered)
+    assert (registered is None) == bool(report["mlflow"]["not_registered"]), report["mlflow"]  # one or the other
 
 
 def lr_of(trial: dict) -> float:

@@ -170,14 +170,20 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
 
 
 def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
-    """The summary, with each trial's MLflow run; the parent run closed; the best registered,
-    and with objectives, the Pareto front (on the parent run, each of its models registered)."""
+    """The summary of the sweep's folder, recorded in MLflow (:func:`record_end`)."""
+    report = summary(path, sweep)
+    remove_run_folders(storage_path(sweep), f"{sweep.name}-train-")  # those of trials stopped mid-run
+    return record_end(report, sweep, link, register)
+
+
+def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool) -> dict[str, Any]:
+    """The summary, with each trial's MLflow run; the parent run closed; the best registered (or
+    a line saying why not), and with objectives, the Pareto front (on the parent run, each of
+    its models registered)."""
     from detsweep.tracking import close_sweep_run
 
     from .space import swept_paths
 
-    report = summary(path, sweep)
-    remove_run_folders(storage_path(sweep), f"{sweep.name}-train-")  # those of trials stopped mid-run
     front = pareto_of(report, sweep)
     run_ids = close_sweep_run(link, report, swept_paths(sweep), front)
     for trial in report["trials"]:
@@ -185,10 +191,11 @@ def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
     if sweep.search.objectives:
         front = front.with_runs(run_ids) if front else None
         report["pareto"] = front.to_dict() if front else None
+    registered, why_not = register_models(report, sweep, link, front) if register else (None, "--no-register")
+    if why_not:
+        console.say(f"MLflow: nothing registered: {why_not}")
     report["mlflow"] = {"tracking_uri": link.uri, "experiment_id": link.experiment_id,
-                        "parent_run_id": link.parent_run_id, "registered_model": None}
-    if register:
-        report["mlflow"]["registered_model"] = register_models(report, sweep, link, front)
+                        "parent_run_id": link.parent_run_id, "registered_model": registered, "not_registered": why_not}
     return report
 
 
@@ -207,49 +214,65 @@ def pareto_of(report: dict[str, Any], sweep: Sweep):
     return pareto_front(candidates, sweep.search.ranked_on, references)
 
 
-def register_models(report: dict[str, Any], sweep: Sweep, link, front) -> dict[str, Any] | None:
+def register_models(report: dict[str, Any], sweep: Sweep, link, front) -> tuple[dict[str, Any] | None, str | None]:
     """The best trial's model, crowned ``champion`` unless an earlier sweep's scored better;
-    each model on the front too, tagged with its place there. Returns the best's registration."""
+    each model on the front too, tagged with its place there. Returns the best's registration,
+    or None and why the best trial's model was not registered."""
+    best = report["best"]
+    on_front = {member.trial_id: front.place(member.trial_id) for member in front.front} if front else {}
+    objectives = ", ".join(f"{o.metric} {o.mode}" for o in sweep.search.objectives)
+    trials = {trial["trial_id"]: trial for trial in report["trials"]}
+    registered, why_not = None, None if best else "no trial reached a result (each failed, or none ran)"
+    for trial_id in ([best["trial_id"]] if best else []) + [t for t in on_front if not best or t != best["trial_id"]]:
+        is_best = best is not None and trial_id == best["trial_id"]
+        tags = {"pareto_place": on_front[trial_id], "pareto_objectives": objectives} if trial_id in on_front else {}
+        done, missing = register_one(link, sweep, trials[trial_id], tags, crown=is_best)
+        if is_best:
+            registered, why_not = done, missing
+        elif missing:
+            console.say(f"MLflow: not registered from the Pareto front: {missing}")
+        if done:
+            where = f", place {on_front[trial_id]} on the Pareto front" if trial_id in on_front else ""
+            crowned = ("" if not is_best else ", the champion" if done["champion"] == done["version"]
+                       else f", version {done['champion']} stays the champion (it scored better)")
+            console.say(f"MLflow: registered {done['name']} version {done['version']}{where}{crowned}")
+    return registered, why_not
+
+
+def register_one(link, sweep: Sweep, trial: dict[str, Any], tags: dict[str, str],
+                 crown: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """The trial's best checkpoint registered under the sweep's name; or None and why not."""
+    from mlflow.exceptions import MlflowException
+
     from detsweep.export.registry import register_trial  # imports mlflow.pyfunc: only at a sweep's end
 
-    best, search = report["best"], sweep.search
-    on_front = {member.trial_id: front.place(member.trial_id) for member in front.front} if front else {}
-    registered = None
-    trials = {trial["trial_id"]: trial for trial in report["trials"]}
-    for trial_id in ([best["trial_id"]] if best else []) + [t for t in on_front if not best or t != best["trial_id"]]:
-        trial = trials[trial_id]
-        checkpoint = best_in_mlflow(link, trial, sweep) if trial["mlflow_run_id"] else None
+    try:
+        checkpoint, missing = best_in_mlflow(link, trial, sweep)
         if not checkpoint:
-            continue
-        tags = {"pareto_place": on_front[trial_id], "pareto_objectives": ", ".join(
-            f"{o.metric} {o.mode}" for o in search.objectives)} if trial_id in on_front else {}
-        is_best = best is not None and trial_id == best["trial_id"]
-        with console.working(f"registering trial {trial_id}'s model in MLflow"):
-            done = register_trial(link, sweep.name, trial, checkpoint, search.metric, search.mode, tags, crown=is_best)
-        where = f", place {on_front[trial_id]} on the Pareto front" if trial_id in on_front else ""
-        if is_best:
-            registered = done
-            crowned = "the champion" if done["champion"] == done["version"] else \
-                f"version {done['champion']} stays the champion (it scored better)"
-            console.say(f"MLflow: registered {done['name']} version {done['version']}{where}, {crowned}")
-        else:
-            console.say(f"MLflow: registered {done['name']} version {done['version']}{where}")
-    return registered
+            return None, missing
+        with console.working(f"registering trial {trial['trial_id']}'s model in MLflow"):
+            return register_trial(link, sweep.name, trial, checkpoint, sweep.search.metric, sweep.search.mode, tags,
+                                  crown=crown), None
+    except (MlflowException, OSError) as error:  # requests' errors are OSErrors: the server went away
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return None, f"trial {trial['trial_id']}'s model: the tracking server at {link.uri} failed ({first})"
 
 
-def best_in_mlflow(link, best: dict[str, Any], sweep: Sweep) -> str | None:
-    """The best trial's best complete checkpoint in MLflow (``models:/…``), what registration reads."""
+def best_in_mlflow(link, trial: dict[str, Any], sweep: Sweep) -> tuple[str | None, str | None]:
+    """The trial's best complete checkpoint in MLflow (``models:/…``), what registration reads;
+    or None and why there is none."""
     from mlflow import MlflowClient
 
     from detsweep.tracking.checkpoint_models import best_checkpoint, model_uri
 
-    found = best_checkpoint(MlflowClient(link.uri), link.experiment_id, best["mlflow_run_id"], sweep.search.metric,
+    if not trial["mlflow_run_id"]:
+        return None, f"trial {trial['trial_id']} has no MLflow run in experiment {link.experiment_id}"
+    found = best_checkpoint(MlflowClient(link.uri), link.experiment_id, trial["mlflow_run_id"], sweep.search.metric,
                             sweep.search.mode)
     if found is None:
-        console.say(f"MLflow: trial {best['trial_id']} has no complete checkpoint that scored {sweep.search.metric}: "
-                    "nothing registered")
-        return None
-    return model_uri(found)
+        return None, (f"trial {trial['trial_id']} has no complete checkpoint in MLflow that scored "
+                      f"{sweep.search.metric}")
+    return model_uri(found), None
 
 
 def status(name_or_path: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from detsweep.evaluation.objectives import Objective
 
 from .backend import Backend
 from .checkpoint_models import best_of, checkpoints, model_uri, step_of
+from .pages import every_run
 from .provenance import environment_of
 from .trial_run import INFEASIBLE_TAG, ROLE_TAG, TRIAL_TAG
 
@@ -58,8 +59,7 @@ def find_experiment(client, name: str, backend: Backend):
 
 def sweep_runs(client, experiment_id: str) -> list:
     """The experiment's sweeps, the latest first."""
-    return client.search_runs([experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'sweep'",
-                              order_by=["attributes.start_time DESC"], max_results=1000)
+    return every_run(client, [experiment_id], f"tags.`{ROLE_TAG}` = 'sweep'", order_by=["attributes.start_time DESC"])
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,7 @@ def _sweeps_and_trials(client, name: str, backend: Backend) -> tuple[list, set[s
     experiment = find_experiment(client, name, backend)
     sweeps = sweep_runs(client, experiment.experiment_id)
     paths = {key.removeprefix("space.") for sweep in sweeps for key in sweep.data.params if key.startswith("space.")}
-    trials = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'trial'",
-                                max_results=5000)
+    trials = every_run(client, [experiment.experiment_id], f"tags.`{ROLE_TAG}` = 'trial'")
     if not trials:
         raise DetsweepError(f"experiment {name!r} at {backend.uri}: no trial runs (has a sweep of it run yet?)")
     return sweeps, paths, trials

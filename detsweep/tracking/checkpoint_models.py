@@ -18,6 +18,8 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from .pages import every_logged_model
+
 KIND = "detsweep-checkpoint"  # the models' model_type: registered pyfunc models are not checkpoints
 STEP_TAG = "detsweep.step"
 
@@ -60,13 +62,7 @@ def checkpoints(client, experiment_ids: list[str], run_id: str | None = None, re
     """The checkpoints of the run (every run of the experiments without ``run_id``); only the
     READY ones unless ``ready`` is False."""
     clauses = [f"model_type = '{KIND}'"] + ([f"source_run_id = '{run_id}'"] if run_id else [])
-    found, token = [], None
-    while True:
-        page = client.search_logged_models(experiment_ids, filter_string=" AND ".join(clauses), max_results=100,
-                                           page_token=token)
-        found.extend(page)
-        if not (token := page.token):
-            break
+    found = every_logged_model(client, experiment_ids, " AND ".join(clauses))
     return [model for model in found if not ready or is_ready(model)]
 
 

@@ -16,6 +16,7 @@ import yaml
 import detsweep
 
 from .backend import Backend
+from .pages import every_run
 from .provenance import run_environment_tags
 from .trial_run import INFEASIBLE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
 
@@ -135,8 +136,7 @@ def search_params(search: dict[str, Any]):
 
 def trial_runs(client, link: RunLink) -> dict[str, Any]:
     """The sweep's child runs by trial id."""
-    runs = client.search_runs([link.experiment_id], max_results=1000,
-                              filter_string=f"tags.`{PARENT_TAG}` = '{link.parent_run_id}'")
+    runs = every_run(client, [link.experiment_id], f"tags.`{PARENT_TAG}` = '{link.parent_run_id}'")
     return {run.data.tags[TRIAL_TAG]: run for run in runs if TRIAL_TAG in run.data.tags}
 
 

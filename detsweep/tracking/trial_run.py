@@ -36,6 +36,7 @@ from detsweep.startup import NewSteps
 from .backend import use_writer_settings
 from .checkpoint_models import keep_best_and_latest, log_checkpoint
 from .datasets import dataset_inputs
+from .pages import first_run
 from .provenance import run_environment_tags
 from .writer import RetryingWriter
 
@@ -81,9 +82,7 @@ def ranked_by(run) -> tuple[str, str]:
 
 def find_trial_run(client, link: RunLink, trial_id: str):
     nested = f" and tags.`{PARENT_TAG}` = '{link.parent_run_id}'" if link.parent_run_id else ""
-    runs = client.search_runs([link.experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'{nested}",
-                              max_results=1)
-    return runs[0] if runs else None
+    return first_run(client, [link.experiment_id], f"tags.`{TRIAL_TAG}` = '{trial_id}'{nested}")
 
 
 @dataclass(frozen=True)
