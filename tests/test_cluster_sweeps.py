@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.common import free_port
+
 from .cluster_parts import WORKER_TYPE, AutoscalingCluster, autoscaling_cluster
-from .conftest import REPO, foreign_lines, run_cli, run_here, wait_until, without_the_unread_preset
+from .conftest import REPO, foreign_lines, run_cli, run_here, side_by_side, wait_until, without_the_unread_preset
 from .mlflow_checks import check_mlflow_runs
 from .tiny_sweeps import tiny_sweep
 
@@ -183,6 +185,20 @@ def test_a_sweep_in_a_bucket_that_does_not_exist_is_one_line_before_anything_sta
                                                        "'s3://no-such-bucket/ray', expected an existing bucket (there "
                                                        "is no bucket 'no-such-bucket')\n")
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "ray").exists()  # before MLflow or Ray started
+
+
+def test_status_and_resume_of_a_sweep_in_a_bucket_nobody_answers_for_are_one_line(s3, tmp_path):
+    """An S3 endpoint that does not answer is bad input, as for launch's storage: one line
+    naming the URI and what failed, exit code 2, for ``status`` and ``resume`` alike."""
+    away = s3.env | {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    status, resume = side_by_side([lambda: run_cli("status", "s3://sweeps/tiny", cwd=tmp_path, env=away, timeout=120),
+                                   lambda: run_cli("resume", "s3://sweeps/tiny", cwd=tmp_path, env=away, timeout=120)])
+    for result in (status, resume):
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert lines[0].startswith("detsweep: error: sweep: found 's3://sweeps/tiny', expected a bucket this machine "
+                                   "can reach (") and "NETWORK_CONNECTION" in lines[0], lines[0]
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 # --- a node lost mid-trial ----------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from detsweep.checkpoints import checkpoint_uri
-from detsweep.cluster import RAY_RESULTS
+from detsweep.cluster import RAY_RESULTS, check_bucket
 from detsweep.config import ScalingConfig
 from detsweep.errors import DetsweepError, failure_reason
 from detsweep.tracking.sweep_run import TrialStatus
@@ -66,13 +66,16 @@ def save_sweep(sweep: Sweep) -> str:
 
 
 def find_experiment(name_or_path: str) -> tuple[str, Sweep]:
-    """A sweep folder, a sweep file (its ``storage``/``name``), or a name under ``~/ray_results``."""
+    """A sweep folder (or a bucket's URI), a sweep file (its ``storage``/``name``), or a name
+    under ``~/ray_results``."""
     candidates = [name_or_path]
     if name_or_path.endswith((".yaml", ".yml")) and Path(name_or_path).is_file():
         candidates = [experiment_path(load_sweep(name_or_path))]
     elif "/" not in name_or_path and not Path(name_or_path).exists():
         candidates = [os.path.join(os.path.expanduser(RAY_RESULTS), name_or_path)]
     path = candidates[0] if "://" in candidates[0] else os.path.abspath(candidates[0])
+    if "://" in path:  # a bucket it cannot reach is bad input, like launch's storage
+        check_bucket(path, "sweep")
     text = _read_text(f"{path.rstrip('/')}/{SWEEP_FILE}")
     if text is None:
         raise DetsweepError(f"{name_or_path}: found no {SWEEP_FILE} at {path}, expected a folder made by "
