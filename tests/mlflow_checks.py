@@ -29,7 +29,7 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
     returns the child runs by trial id. ``every``: steps per report; ``eval_every``: per
     evaluation (default: ``every``). Under ``pbt`` a trial's config and step can jump.
     ``registered``: the sweep registered its best model (else it ran with --no-register);
-    ``system_metrics``: every trial that trained past its first loop logged its node's (sampled often enough to)."""
+    ``system_metrics``: every trial that reported its first loop logged its node's."""
     from mlflow import MlflowClient
 
     info = report["mlflow"]
@@ -64,9 +64,9 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
         assert run.data.metrics["cost/gpu_hours"] == 0.0  # no test sweep's trial asks for a GPU
         contexts = {i.tags[0].value for i in run.inputs.dataset_inputs}  # the runs table's Dataset column
         assert contexts == {"training", "validation"}, (trial["trial_id"], contexts)
-        # MLflow's, from the node its worker ran on: its monitor starts after the first loop (off the
-        # start-up's path), so a trial stopped at its first report may have none
-        if system_metrics and trial["metrics"].get("step", 0) > every:
+        # MLflow's, from the node its worker ran on: its monitor starts at the first report (off the
+        # start-up's path) and logs a sample at once and its last at the trial's end, stopped or not
+        if system_metrics and trial["metrics"].get("step", 0) >= every:
             usage = client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
             assert usage and all(0 <= m.value <= 100 for m in usage), usage
             assert run.data.metrics["system/system_memory_usage_megabytes"] > 0

@@ -303,3 +303,27 @@ def test_a_published_value_reaches_whoever_waits_for_it_once_it_is_high_enough(c
     assert ray.get([settled, target]) == [3, {"run_id": "r1", "uri": "http://x"}]
     assert channel.read("settled", 0.1, at_least=2) == 3  # published before the read: at once
     assert channel.read("never", 0.1) is None
+
+
+def test_a_stopped_trials_node_logs_its_last_system_metrics_before_the_process_ends(channel, tmp_path):
+    """Tune ends a stopped trial's process, and its workers with it, where no ``finally`` runs:
+    the owner asks the nodes' monitors for their last samples first (``trial.last_samples``),
+    and waits for one still starting (here, still waiting for the run to open). A trial stopped
+    within the first sampling interval (10 s) has its node's figures all the same: the sample at
+    the monitor's start and its last."""
+    from mlflow import MlflowClient
+
+    from detsweep.trainables.trial import last_samples
+    from detsweep.trainables.worker import NodeMonitor
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("stopped")).info.run_id
+    monitor = NodeMonitor(channel, None)  # made at the first report, before the run is open
+    stopping = threading.Thread(target=last_samples, args=(channel,))
+    stopping.start()
+    channel.publish("system_metrics", {"run_id": run_id, "uri": uri})  # the run opens after the stop began
+    stopping.join(timeout=60)
+    assert not stopping.is_alive() and monitor.ended
+    history = client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert len(history) >= 2, history  # more only if the stop took longer than an interval

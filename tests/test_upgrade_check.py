@@ -221,10 +221,47 @@ def test_a_pin_that_does_not_install_with_uv_locks_versions_is_tried_without_the
     assert "--constraints" in first and "--constraints" not in second and "--upgrade" not in second
     assert [command[0] for command in fake.commands] == ["venv", "pip", "venv", "pip"]  # a new environment each time
     said = [line for line in capsys.readouterr().out.splitlines() if "did not install" in line]
-    assert said == ["upgrade-check: ray==2.59.* did not install with uv.lock's other versions (╰─▶ Because ray==2.59.0 "
+    assert said == ["upgrade-check: ray==2.59.* did not install with uv.lock's other versions (Because ray==2.59.0 "
                     "depends on grpcio<1.80 and you require grpcio==1.85.3, …); trying again without them: the other "
                     "packages get the newest versions that install with the pins"]
     fake = FakeUv(fail=2)
     monkeypatch.setattr(upgrade_check, "uv", fake)
     assert install(PROJECT, LOCK, [parse_pin("ray==2.59.*")]) == (
-        "╰─▶ Because ray==2.59.0 depends on grpcio<1.80 and you require grpcio==1.85.3, …", False)
+        "Because ray==2.59.0 depends on grpcio<1.80 and you require grpcio==1.85.3, …", False)
+
+
+def test_a_package_below_its_newest_release_is_named_with_uvs_reason(scratch: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture):
+    """Without a pin, the newest of each required package is asked for alone (``uv pip compile
+    --no-deps``); one installed below it gets a line: uv's cause when the two cannot install
+    together (as MLflow 3.18 while its mlflow-tracing was not served), else what moves with it
+    (as MLflow 3.18 beside cryptography 51, which it excludes)."""
+    calls = []
+
+    def fake(*args: str, log: Path) -> subprocess.CompletedProcess:
+        calls.append(args)
+        if args[:2] == ("pip", "compile"):
+            return subprocess.CompletedProcess(args, 0, "mlflow==3.18.0\nray[train]==2.60.0\noptuna==5.1.0\n", "")
+        wanted = args[-1]
+        if wanted == "mlflow==3.18.0":
+            return subprocess.CompletedProcess(args, 1, "", (
+                "Using Python 3.11.7 environment at: env\nerror: No solution found when resolving dependencies\n"
+                "  cause: Because there is no version of mlflow-tracing==3.18.0 and mlflow>=3.18.0 depends on "
+                "mlflow-tracing==3.18.0, we can conclude that mlflow>=3.18.0 cannot be used.\n"
+                "         And because detsweep==0.1.0 depends on mlflow[auth]==3.18.0, … unsatisfiable.\n"))
+        return subprocess.CompletedProcess(args, 0, "", "Would install 2 packages\n - cryptography==51.0.1\n"
+                                           " + cryptography==50.0.2\n - optuna==5.0.0\n + optuna==5.1.0\n")
+
+    monkeypatch.setattr(upgrade_check, "uv", fake)
+    upgrade_check.report_held_back(PROJECT, {"mlflow": "3.17.2", "ray": "2.60.0", "optuna": "5.0.0", "numpy": "2.4.6"})
+    said = capsys.readouterr().out.splitlines()
+    assert said == [
+        "upgrade-check: not the newest: mlflow 3.17.2 installed, 3.18.0 served: Because there is no version of "
+        "mlflow-tracing==3.18.0 and mlflow>=3.18.0 depends on mlflow-tracing==3.18.0, we can conclude that "
+        "mlflow>=3.18.0 cannot be used.",
+        "upgrade-check: not the newest: optuna 5.0.0 installed, 5.1.0 served: it installs only with "
+        "cryptography 50.0.2 (not 51.0.1)"]
+    asked = (scratch / "newest.in").read_text().splitlines()
+    assert {"mlflow", "ray", "optuna", "numpy", "mlflow-skinny"} <= set(asked) and "detsweep" not in asked
+    assert [call[-1] for call in calls if call[:2] == ("pip", "install")] == ["mlflow==3.18.0", "optuna==5.1.0"]
+    assert all("--dry-run" in call for call in calls if call[:2] == ("pip", "install"))

@@ -7,7 +7,8 @@ with the upper bounds of pyproject.toml's requirements lifted (``ray<2.61`` and 
 and an export. The install keeps nothing outside ``.venv/upgrade-check`` (uv keeps no cache),
 and the repo's own environment is left as uv.lock made it. "Newest" is what uv resolves: no
 pre-releases, and a release that cannot be installed with the rest (an ``mlflow`` whose
-``mlflow-skinny`` is not served yet) is passed over for the newest one that can, unreported.
+``mlflow-tracing`` is not served yet) is passed over for the newest one that can: a line says
+so for each package detsweep requires or leans on, with uv's reason.
 
 ``--pin REQUIREMENT`` (repeatable; ``make upgrade-check PIN='ray==2.59.*'`` passes one) tries a
 chosen version instead of the newest: ``python tools/upgrade_check.py --pin 'ray==2.59.*'``
@@ -29,10 +30,17 @@ How to read what it prints, every line starting ``upgrade-check:``:
 - a table of the packages whose version differs from uv.lock's (``-`` in the uv.lock column: a
   package uv.lock does not have), the pinned and then the ones detsweep leans on first, its title
   naming the pins, then a line naming those of them that did not change;
+- without ``--pin`` (or when the pins did not install with uv.lock's versions), a line
+  ``not the newest: <package> <installed> installed, <newest> served: <why>`` for each package
+  pyproject.toml requires (or ``WATCHED``) that is below the newest release the registry serves
+  (``uv pip compile --no-deps`` asks for it alone), why being the first sentence of uv's cause
+  when the two cannot be installed together (``there is no version of mlflow-tracing==3.18.0``),
+  else which other packages would move with it (``cryptography 50.0.2 (not 51.0.1)``: the
+  resolution preferred their newer releases); or one line saying that every one is the newest;
 - ``FAILED <test>: <its error>`` for each test that failed (``ERROR`` when its set-up did, as
   pytest says), the error being the last ``SomethingError: …`` line of pytest's report (the
   tests put a subprocess's stderr into their assertions, whose first line is mostly a warning),
-  else its message's first line; or one ``FAILED install: …`` line with uv's last line when
+  else its message's first line; or one ``FAILED install: …`` line with uv's cause when
   the newest (or the pinned) versions could not be installed together;
 - a closing line with the counts, the versions tried (the pins, and whether the other packages
   were at uv.lock's or the newest versions) and the logs to read (``install.log``, ``tests.log``).
@@ -334,7 +342,7 @@ def install(project: dict, lock: dict, pins: list[Requirement]) -> tuple[str | N
 
 def install_with(log: Path, *options: str) -> str | None:
     """detsweep ``-e '.[dev]'`` with overrides.txt and ``options`` into a new scratch environment;
-    None, or uv's last line when it could not."""
+    None, or uv's cause when it could not."""
     made = uv("venv", "--clear", "--python", str(VENV / "bin" / "python"), str(ENV), log=log)
     if made.returncode != 0:
         return last_line(made.stderr)
@@ -342,7 +350,85 @@ def install_with(log: Path, *options: str) -> str | None:
     # process would compile TensorFlow again.
     installed = uv("pip", "install", *options, "--compile-bytecode", "--python", str(PYTHON),
                    "--overrides", str(SCRATCH / "overrides.txt"), "-e", f".[{EXTRA}]", log=log)
-    return None if installed.returncode == 0 else last_line(installed.stderr)
+    return None if installed.returncode == 0 else cause(installed.stderr)
+
+
+# -- what was held back -------------------------------------------------------------------------
+
+
+def newest_served(names: list[str]) -> dict[str, str]:
+    """The newest release the registry serves of each package, on its own (``uv pip compile
+    --no-deps``: nothing else it requires is asked for): canonical name → version."""
+    wanted = SCRATCH / "newest.in"
+    wanted.write_text("".join(f"{name}\n" for name in names))
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    found = uv("pip", "compile", str(wanted), "--no-deps", "--no-header", "--no-annotate", "--python-version", python,
+               log=SCRATCH / "install.log")
+    return pinned_versions(found.stdout)
+
+
+def pinned_versions(text: str) -> dict[str, str]:
+    """``name==version`` lines (a requirements file) as canonical name → version."""
+    versions = {}
+    for line in text.splitlines():
+        name, equals, version = line.split("#")[0].strip().partition("==")
+        if equals:
+            versions[canonicalize_name(name.split("[")[0])] = version.strip()
+    return versions
+
+
+def held_back(installed: dict[str, str], newest: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(package, installed version, newest release) for each package installed below its newest."""
+    from packaging.version import Version
+
+    return [(name, installed[name], version) for name, version in sorted(newest.items())
+            if name in installed and Version(installed[name]) < Version(version)]
+
+
+def why_held_back(name: str, version: str) -> str:
+    """Why uv did not install ``name==version`` with the rest: its first line of cause when the
+    two cannot install together, else what would move with it (the versions uv preferred)."""
+    tried = uv("pip", "install", "--dry-run", "--python", str(PYTHON), "--overrides", str(SCRATCH / "overrides.txt"),
+               "-e", f".[{EXTRA}]", f"{name}=={version}", log=SCRATCH / "install.log")
+    if tried.returncode != 0:
+        return cause(tried.stderr)
+    moves = dry_run_moves(tried.stdout + tried.stderr)
+    others = [f"{other} {new} (not {old})" for other, (old, new) in moves.items() if other != name and old]
+    return f"it installs only with {', '.join(others)}" if others else "it installs with the rest: uv preferred it"
+
+
+def cause(uv_error: str) -> str:
+    """The first sentence uv gives as the cause of a failed resolution, else its last line."""
+    for line in (line.strip().removeprefix("╰─▶").strip() for line in uv_error.splitlines()):
+        if line.startswith("cause:"):
+            return line.removeprefix("cause:").strip()
+        if line.startswith("Because"):
+            return line
+    return last_line(uv_error)
+
+
+def dry_run_moves(output: str) -> dict[str, tuple[str | None, str | None]]:
+    """What ``uv pip install --dry-run`` would change: package → (version removed, version added)."""
+    moves: dict[str, list[str | None]] = {}
+    for line in output.splitlines():
+        sign, _, requirement = line.strip().partition(" ")
+        name, equals, version = requirement.partition("==")
+        if sign in ("-", "+") and equals:
+            moves.setdefault(canonicalize_name(name), [None, None])[sign == "+"] = version
+    return {name: (old, new) for name, (old, new) in moves.items()}
+
+
+def report_held_back(project: dict, installed: dict[str, str]) -> None:
+    """A line for each package detsweep requires (or leans on: WATCHED) that was installed
+    below the newest release the registry serves, with why."""
+    names = sorted({canonicalize_name(Requirement(r).name) for r in installed_requirements(project, EXTRA)}
+                   | {canonicalize_name(name) for name in WATCHED})
+    names = [name for name in names if name != canonicalize_name(project["name"])]
+    behind = held_back(installed, newest_served(names))
+    if not behind:
+        say(f"every one of the {len(names)} packages detsweep requires or leans on is at its newest release")
+    for name, version, newest in behind:
+        say(f"not the newest: {name} {version} installed, {newest} served: {why_held_back(name, newest)}")
 
 
 def installed_versions() -> dict[str, str]:
@@ -350,7 +436,8 @@ def installed_versions() -> dict[str, str]:
     return {package["name"]: package["version"] for package in json.loads(listed.stdout)}
 
 
-def report_versions(lock: dict, project: str, pins: list[Requirement]) -> None:
+def report_versions(lock: dict, project: str, pins: list[Requirement]) -> dict[str, str]:
+    """The table of what moved from uv.lock; returns the installed versions by canonical name."""
     locked = locked_versions(lock)
     installed = {canonicalize_name(name): version for name, version in installed_versions().items()}
     installed.pop(canonicalize_name(project), None)
@@ -365,6 +452,7 @@ def report_versions(lock: dict, project: str, pins: list[Requirement]) -> None:
     same = unchanged_watched(locked, installed, watched)
     if same:
         say(f"unchanged: {', '.join(same)}")
+    return installed
 
 
 def run_marked_tests() -> tuple[list[str], dict[str, int] | None]:
@@ -418,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"FAILED install: {broken}")
         say(f"1 failed: {tried(pins, constrained)} could not be installed (log: {SCRATCH / 'install.log'})")
         return 1
-    report_versions(lock, project["name"], pins)
+    installed = report_versions(lock, project["name"], pins)
+    if not constrained:  # the newest were asked for: say which were not had, and why
+        report_held_back(project, installed)
     lines, numbers = run_marked_tests()
     for line in lines:
         say(line)

@@ -36,10 +36,13 @@ process that owns the MLflow run (the trial's, or ``detsweep train``'s driver) t
 Six kinds of message in all: a loop, Ray Train's report, an evaluation (or its failure),
 failed workers, a failed training, the end.
 
-The channel carries two values the other way, published by the owner: the MLflow run the
+The channel carries three values the other way, published by the owner: the MLflow run the
 workers log their nodes' system metrics to (known only once the owner opened it, which it
-does while Ray Train starts the workers), and the last evaluated step the owner passed on
-(an evaluation task waits for it before Ray Train may delete the checkpoint).
+does while Ray Train starts the workers), the last evaluated step the owner passed on (an
+evaluation task waits for it before Ray Train may delete the checkpoint), and that Tune is
+stopping the trial (:data:`STOPPING`). Tune ends a stopped trial's process, and its workers
+with it, where no ``finally`` runs: the nodes' monitors, counted as they start
+(:data:`MONITORS`), log their last samples first and count themselves done (:data:`MONITORS_ENDED`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ import ray.train
 
 from detsweep.errors import failure_reason
 from detsweep.startup import NewSteps
+
+STOPPING = "stopping"  # published by the owner when Tune stops the trial
+MONITORS, MONITORS_ENDED = "monitors", "monitors_ended"  # counts: nodes' monitors started, and done
 
 
 class RunChannel:
@@ -87,6 +93,14 @@ class RunChannel:
         """The value published as ``name`` (once it is ``at_least``), waiting up to ``timeout_s``; None if none came."""
         return ray.get(self.actor.read.remote(name, timeout_s, at_least))
 
+    def count(self, name: str) -> int:
+        """Add one to the count ``name`` (published, so ``read`` waits for it); returns the new count."""
+        return ray.get(self.actor.count.remote(name))
+
+    def peek(self, name: str) -> Any:
+        """The value published as ``name`` now, or None."""
+        return ray.get(self.actor.peek.remote(name))
+
 
 class ChannelActor:
     def __init__(self):
@@ -107,6 +121,15 @@ class ChannelActor:
         async with self.published:
             self.values[name] = value
             self.published.notify_all()
+
+    async def count(self, name: str) -> int:
+        async with self.published:
+            self.values[name] = self.values.get(name, 0) + 1
+            self.published.notify_all()
+            return self.values[name]
+
+    async def peek(self, name: str) -> Any:
+        return self.values.get(name)
 
     async def read(self, name: str, timeout_s: float, at_least: Any) -> Any:
         def ready() -> bool:

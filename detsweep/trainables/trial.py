@@ -22,6 +22,7 @@ Who writes the trial's MLflow run:
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from detsweep.evaluation.objectives import Constraint, broken
 from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialIdentity, TrialRun
 
-from .channel import Report, RunChannel
+from .channel import MONITORS, MONITORS_ENDED, STOPPING, Report, RunChannel
 from .request import TrainingRequest
 from .trainer import ProgressLines, stream_training
 
@@ -103,9 +104,10 @@ def run_trial(tune_config: dict[str, Any]) -> None:
             ray.tune.report(report.metrics | serving, checkpoint=reported)
 
     request = training_request(tune_config, config, name, restore, startup)
-    end = TrialEnd(run, tune_config.get("storage"), runs)
+    channel = RunChannel()
+    end = TrialEnd(run, tune_config.get("storage"), runs, channel)
     try:
-        reason = train_and_log(request, run, to_tune)
+        reason = train_and_log(request, run, to_tune, channel=channel)
     except BaseException:  # Tune stopped it at a report (SystemExit there), or training broke
         end()
         raise
@@ -137,13 +139,15 @@ def not_trained(tune_config: dict[str, Any], run: TrialRun, reason: str, serving
 
 
 def train_and_log(request: TrainingRequest, run: TrialRun, on_report: Callable[[Report], None],
-                  progress: bool = False) -> str | None:
+                  progress: bool = False, channel: RunChannel | None = None) -> str | None:
     """Train as ``request`` asks through Ray Train; every report goes to ``run`` (MLflow: its
     metrics, checkpoint and pictures), to this process's console when ``progress``, then to
     ``on_report``; a step trained again after a restart, and failed workers, are noted on
     ``run``. The workers start while ``run`` opens, and (``request.system_metrics``) log their
-    nodes' system metrics to it once it is open. Returns why training failed, or None."""
-    channel = RunChannel()
+    nodes' system metrics to it once it is open. ``channel``: the training's, when the caller
+    keeps it (a trial's, to ask for the last samples when Tune stops it). Returns why training
+    failed, or None."""
+    channel = channel or RunChannel()
     run.when_open(lambda target: channel.publish("system_metrics", target))
     lines = ProgressLines(request.config.train.num_steps) if progress else None
 
@@ -168,11 +172,15 @@ def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) ->
     return TrialRun(RunLink(**tune_config["tracking"]), trial, config, start_step)
 
 
+log = logging.getLogger(__name__)
+
 TRIAL_ACTOR = "Trial"  # the class name Ray lists a trial's actor by (ending_on_stop sets it)
 
 # How long a trial that Tune stops may take to write what it reported (its last checkpoint,
 # above all) before Tune ends its process; the writer retries a server that is away every 10 s.
 STOP_GRACE_S = 60.0
+# How long it waits first for its nodes' last system metrics (a monitor still starting imports MLflow).
+LAST_SAMPLES_GRACE_S = 15.0
 
 
 class TrialEnd:
@@ -183,8 +191,8 @@ class TrialEnd:
 
     current: TrialEnd | None = None  # this process's trial: Tune runs one trial per process
 
-    def __init__(self, run: TrialRun, storage: str | None, runs: str):
-        self.run, self.storage, self.runs = run, storage, runs
+    def __init__(self, run: TrialRun, storage: str | None, runs: str, channel: RunChannel | None = None):
+        self.run, self.storage, self.runs, self.channel = run, storage, runs, channel
         self.lock = threading.Lock()  # a second caller waits until the first is done
         self.ended = False
         TrialEnd.current = self
@@ -198,6 +206,8 @@ class TrialEnd:
                 return
             self.ended = True
             if not finished:  # stopped: Tune waits here, so only for what must not be lost
+                if self.channel is not None:
+                    last_samples(self.channel)
                 self.run.close(STOP_GRACE_S)
                 return
             self.run.finish(error=error)
@@ -206,6 +216,19 @@ class TrialEnd:
             # trial's runs would only pile up in the storage, one a start. A stopped trial's go at
             # its next start's end, or at the sweep's (``sweeps/launch.py:finish``).
             remove_run_folders(self.storage, self.runs)
+
+
+def last_samples(channel: RunChannel, grace_s: float = LAST_SAMPLES_GRACE_S) -> None:
+    """Tune is about to end this process, and the trial's workers with it: each node's monitor
+    that started logs its last system metrics first (``worker.NodeMonitor``), within ``grace_s``."""
+    try:
+        started = channel.peek(MONITORS)
+        if started:
+            channel.publish(STOPPING, True)
+            if channel.read(MONITORS_ENDED, grace_s, at_least=started) is None:
+                log.warning("the nodes' last system metrics did not come within %.0f s", grace_s)
+    except Exception as error:  # a courtesy, like the metrics themselves: the stop goes on
+        log.warning("the nodes' last system metrics were not asked for: %s", error)
 
 
 def ending_on_stop(function: Callable[[dict[str, Any]], None]) -> type:

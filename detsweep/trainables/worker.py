@@ -13,8 +13,10 @@ import ray.train
 from detsweep.config import TrialConfig
 from detsweep.startup import StartupClock
 
-from .channel import LoopMetrics, LoopSender, RunChannel, TrainingFailed
+from .channel import MONITORS, MONITORS_ENDED, STOPPING, LoopMetrics, LoopSender, RunChannel, TrainingFailed
 from .request import TrainingRequest
+
+LIFETIME_S = 7 * 24 * 3600.0  # a monitor waits this long for a stop: longer than any trial
 
 
 def quiet_info_logging() -> None:
@@ -47,16 +49,23 @@ class NodeMonitor:
     on the trial's run, from the node's first worker, named ``system/node<rank>/…`` when the
     trial spans several nodes. Started after the first loop, off the training thread: MLflow's
     import and the wait for the run (which the trial's process opens while the workers start)
-    stay off the start-up's path. MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL sets how often it
-    samples (10 s)."""
+    stay off the start-up's path. It logs a sample at once and its last at the trial's end,
+    whatever its length: at ``close`` when training ends on its own, and when the trial's owner
+    publishes :data:`STOPPING` (Tune is about to end the process, and the workers with it).
+    MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL sets how often it samples in between (10 s)."""
 
-    def __init__(self, channel: RunChannel):
-        context = ray.train.get_context()
-        several = context.get_local_world_size() < context.get_world_size()
-        self.node_id = f"node{context.get_node_rank()}" if several else None
-        self.channel, self.monitor = channel, None
-        self.starting = threading.Thread(target=self._start, name="detsweep-system-metrics", daemon=True)
-        self.starting.start()
+    def __init__(self, channel: RunChannel, node_id: str | None):
+        self.channel, self.node_id, self.monitor = channel, node_id, None
+        self.started, self.lock, self.ended = threading.Event(), threading.Lock(), False
+        channel.count(MONITORS)  # before the owner can look: a stop waits for this monitor's last sample
+        threading.Thread(target=self._run, name="detsweep-system-metrics", daemon=True).start()
+
+    def _run(self) -> None:
+        self._start()
+        self.started.set()
+        if self.channel.read(STOPPING, timeout_s=LIFETIME_S) is not None:
+            self.close()
+            self.channel.count(MONITORS_ENDED)
 
     def _start(self) -> None:
         try:
@@ -70,12 +79,22 @@ class NodeMonitor:
             logging.getLogger(__name__).warning("no system metrics: %s", error)
 
     def close(self) -> None:
-        self.starting.join(timeout=60)
-        if self.monitor is not None:
-            try:  # its last sample: a tracking server away at the training's end must not fail the training
+        """The last sample, once, whoever asks first (the training's end or the owner's stop)."""
+        self.started.wait(timeout=60)
+        with self.lock:
+            if self.monitor is None or self.ended:
+                return
+            self.ended = True
+            try:  # a tracking server away at the training's end must not fail the training
                 self.monitor.finish()
             except Exception as error:
                 logging.getLogger(__name__).warning("the node's last system metrics were not logged: %s", error)
+
+
+def node_label() -> str | None:
+    """``node<rank>`` when the trial's workers span several nodes, else None."""
+    context = ray.train.get_context()
+    return f"node{context.get_node_rank()}" if context.get_local_world_size() < context.get_world_size() else None
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -115,7 +134,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     def report(metrics: dict, checkpoint_dir: Path | None, milestone: Milestone, pictures: dict[str, bytes]) -> None:
         nonlocal monitor
         if monitors and monitor is None:  # after the first loop: see NodeMonitor
-            monitor = NodeMonitor(channel)
+            monitor = NodeMonitor(channel, node_label())
         elsewhere = milestone is Milestone.EVALUATE
         if sender:
             sender.send(LoopMetrics(int(metrics["step"]), metrics, milestone is not Milestone.NONE, time.time(),
