@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from detsweep.config import TrackingConfig
-from detsweep.tracking import open_sweep_run, resolve_backend
+from detsweep.tracking import RunLink, open_sweep_run, resolve_backend
 from detsweep.tracking import pages as pages_module
 from detsweep.tracking.trial_run import METRIC_TAG, MODE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG
 
 from .conftest import REPO, run_here
+from .mlflow_checks import free_port
 
 QUICKSTART_SWEEP = REPO / "sweeps" / "quickstart.yaml"
 METRIC = "eval/AP_best"
@@ -132,10 +133,10 @@ def test_a_sweeps_end_closes_links_and_registers_trials_spread_over_three_pages(
     assert len(asked) >= 3, asked  # 10 runs at 4 a page, and the models
 
 
-def test_a_sweep_that_registers_nothing_says_why_in_one_line_and_in_its_json(tmp_path, capsys):
-    """The best trial has no complete checkpoint in MLflow, then no MLflow run at all: nothing is
-    registered, and the line and ``not_registered`` say which."""
-    from detsweep.sweeps.launch import record_end
+def test_a_sweep_that_registers_nothing_says_why_in_one_line_and_in_its_json(tmp_path, capsys, monkeypatch):
+    """The best trial has no complete checkpoint in MLflow, then no MLflow run at all, then the
+    tracking server is away: nothing is registered, and the line and ``not_registered`` say which."""
+    from detsweep.sweeps.launch import record_end, register_models
 
     sweep, link, run_ids = sweep_with_trials(tmp_path, [0.2, 0.6], checkpointed=(0,))  # the better one has none
     trials = [outcome("quickstart_00000", 0.2, "TERMINATED"), outcome("quickstart_00001", 0.6, "TERMINATED")]
@@ -153,6 +154,13 @@ def test_a_sweep_that_registers_nothing_says_why_in_one_line_and_in_its_json(tmp
 
     report = record_end(report_of(sweep, trials), sweep, link, register=False)
     assert report["mlflow"]["not_registered"] == "--no-register"
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the server is away: say so at once
+    away = RunLink(f"http://127.0.0.1:{free_port()}", link.experiment_id, link.parent_run_id)
+    linked = [dict(trial, mlflow_run_id=run_id) for trial, run_id in zip(trials, run_ids)]
+    registered, why = register_models(report_of(sweep, linked), sweep, away, None)
+    assert registered is None and why.startswith(f"trial quickstart_00001's model: the tracking server at {away.uri} "
+                                                 "failed ("), why
 
 
 def test_best_ranks_every_trial_of_two_sweeps_whose_runs_and_checkpoints_span_pages(tmp_path, pages_of):
