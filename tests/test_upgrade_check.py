@@ -236,24 +236,28 @@ def test_a_package_below_its_newest_release_is_named_with_uvs_reason(scratch: Pa
     --no-deps``); one installed below it gets a line: uv's cause when the two cannot install
     together (as MLflow 3.18 while its mlflow-tracing was not served), else what moves with it
     (as MLflow 3.18 beside cryptography 51, which it excludes)."""
-    calls = []
+    calls, overridden = [], {}
 
     def fake(*args: str, log: Path) -> subprocess.CompletedProcess:
         calls.append(args)
         if args[:2] == ("pip", "compile"):
             return subprocess.CompletedProcess(args, 0, "mlflow==3.18.0\nray[train]==2.60.0\noptuna==5.1.0\n", "")
-        wanted = args[-1]
-        if wanted == "mlflow==3.18.0":
+        lines = Path(args[args.index("--overrides") + 1]).read_text().splitlines()
+        wanted = args[-1] if "==" in args[-1] else next(line for line in lines if "==" in line)  # asked, or pinned
+        overridden[wanted] = lines
+        if wanted == "mlflow[auth]==3.18.0":
             return subprocess.CompletedProcess(args, 1, "", (
                 "Using Python 3.11.7 environment at: env\nerror: No solution found when resolving dependencies\n"
                 "  cause: Because there is no version of mlflow-tracing==3.18.0 and mlflow>=3.18.0 depends on "
                 "mlflow-tracing==3.18.0, we can conclude that mlflow>=3.18.0 cannot be used.\n"
                 "         And because detsweep==0.1.0 depends on mlflow[auth]==3.18.0, … unsatisfiable.\n"))
-        return subprocess.CompletedProcess(args, 0, "", "Would install 2 packages\n - cryptography==51.0.1\n"
-                                           " + cryptography==50.0.2\n - optuna==5.0.0\n + optuna==5.1.0\n")
+        return subprocess.CompletedProcess(args, 0, "", "Would install 3 packages\n - cryptography==51.0.1\n"
+                                           " + cryptography==50.0.2\n - detsweep==0.1.0 (from file:///repo)\n"
+                                           " + detsweep==0.1.0 (from file:///repo)\n - optuna==5.0.0\n + optuna==5.1.0\n")
 
     monkeypatch.setattr(upgrade_check, "uv", fake)
-    upgrade_check.report_held_back(PROJECT, {"mlflow": "3.17.2", "ray": "2.60.0", "optuna": "5.0.0", "numpy": "2.4.6"})
+    project = PROJECT | {"dependencies": [*PROJECT["dependencies"], "mlflow[auth]>=3.17,<3.18"]}
+    upgrade_check.report_held_back(project, {"mlflow": "3.17.2", "ray": "2.60.0", "optuna": "5.0.0", "numpy": "2.4.6"})
     said = capsys.readouterr().out.splitlines()
     assert said == [
         "upgrade-check: not the newest: mlflow 3.17.2 installed, 3.18.0 served: Because there is no version of "
@@ -263,5 +267,29 @@ def test_a_package_below_its_newest_release_is_named_with_uvs_reason(scratch: Pa
         "cryptography 50.0.2 (not 51.0.1)"]
     asked = (scratch / "newest.in").read_text().splitlines()
     assert {"mlflow", "ray", "optuna", "numpy", "mlflow-skinny"} <= set(asked) and "detsweep" not in asked
-    assert [call[-1] for call in calls if call[:2] == ("pip", "install")] == ["mlflow==3.18.0", "optuna==5.1.0"]
+    assert list(overridden) == ["mlflow[auth]==3.18.0", "optuna==5.1.0"]
     assert all("--dry-run" in call for call in calls if call[:2] == ("pip", "install"))
+    # Required by detsweep: its override pinned, as --pin does (an override binds the command line's
+    # requirement too). Not required by detsweep: asked for beside the rest, whose requirements still bind.
+    assert not [line for line in overridden["mlflow[auth]==3.18.0"] if line.startswith("mlflow[auth]>")]
+    assert not [line for line in overridden["optuna==5.1.0"] if line.startswith("optuna")]
+
+
+def test_uvs_cause_is_the_sentence_naming_a_release_the_registry_does_not_serve():
+    """uv derives a failed resolution in chains of sentences; the line keeps the root: what is not
+    served (not the project's own 'only detsweep[dev]==0.1.0 is available'), else the first."""
+    derivation = (
+        "error: No solution found when resolving dependencies\n"
+        "  cause: Because mlflow==3.17.0 depends on mlflow-skinny==3.17.0 and mlflow==3.17.1 depends on "
+        "mlflow-skinny==3.17.1, we can conclude that mlflow>=3.17.0,<=3.17.1 depends on mlflow-skinny>=3.17.0,<=3.17.1. (1)\n"
+        "\n"
+        "         Because there is no version of mlflow-tracing==3.18.0 and mlflow>=3.18.0 depends on "
+        "mlflow-tracing==3.18.0, we can conclude that mlflow>=3.18.0 cannot be used.\n"
+        "         And because only detsweep[dev]==0.1.0 is available and you require detsweep[dev], we can conclude "
+        "that your requirements are unsatisfiable.\n")
+    assert upgrade_check.cause(derivation) == (
+        "Because there is no version of mlflow-tracing==3.18.0 and mlflow>=3.18.0 depends on mlflow-tracing==3.18.0, "
+        "we can conclude that mlflow>=3.18.0 cannot be used.")
+    assert upgrade_check.cause("  cause: Because a==1 depends on b<2 and you require b==3, no.\n") == (
+        "Because a==1 depends on b<2 and you require b==3, no.")
+    assert upgrade_check.cause("error: the index answered 503\n") == "error: the index answered 503"

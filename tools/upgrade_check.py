@@ -385,26 +385,46 @@ def held_back(installed: dict[str, str], newest: dict[str, str]) -> list[tuple[s
             if name in installed and Version(installed[name]) < Version(version)]
 
 
-def why_held_back(name: str, version: str) -> str:
-    """Why uv did not install ``name==version`` with the rest: its first line of cause when the
-    two cannot install together, else what would move with it (the versions uv preferred)."""
-    tried = uv("pip", "install", "--dry-run", "--python", str(PYTHON), "--overrides", str(SCRATCH / "overrides.txt"),
-               "-e", f".[{EXTRA}]", f"{name}=={version}", log=SCRATCH / "install.log")
+def why_held_back(project: dict, name: str, version: str) -> str:
+    """Why uv did not install ``name==version`` with the rest, asked by a dry run that requires
+    it (a package pyproject.toml requires is pinned in its override, as ``--pin`` does; another
+    is required beside the rest, so that what requires it still decides): uv's cause when it
+    cannot install, else what would move with it (the versions uv preferred)."""
+    requirements = installed_requirements(project, EXTRA)
+    pin = Requirement(f"{name}=={version}")
+    direct = name in {canonicalize_name(Requirement(requirement).name) for requirement in requirements}
+    tried_overrides = SCRATCH / "overrides-held-back.txt"
+    tried_overrides.write_text("".join(f"{line}\n" for line in overrides(requirements, [pin] if direct else [])))
+    tried = uv("pip", "install", "--dry-run", "--python", str(PYTHON), "--overrides", str(tried_overrides),
+               "-e", f".[{EXTRA}]", *([] if direct else [str(pin)]), log=SCRATCH / "install.log")
     if tried.returncode != 0:
-        return cause(tried.stderr)
+        return cause(tried.stderr, project["name"])
     moves = dry_run_moves(tried.stdout + tried.stderr)
-    others = [f"{other} {new} (not {old})" for other, (old, new) in moves.items() if other != name and old]
-    return f"it installs only with {', '.join(others)}" if others else "it installs with the rest: uv preferred it"
+    skip = {name, canonicalize_name(project["name"])}
+    others = [f"{other} {new} (not {old})" for other, (old, new) in moves.items() if other not in skip and old and new]
+    return f"it installs only with {', '.join(others)}" if others else "it installs with the rest: uv preferred another"
 
 
-def cause(uv_error: str) -> str:
-    """The first sentence uv gives as the cause of a failed resolution, else its last line."""
-    for line in (line.strip().removeprefix("╰─▶").strip() for line in uv_error.splitlines()):
-        if line.startswith("cause:"):
-            return line.removeprefix("cause:").strip()
-        if line.startswith("Because"):
-            return line
-    return last_line(uv_error)
+MISSING = re.compile(r"there is no version of|only \S+ is available")
+
+
+def cause(uv_error: str, project: str = "detsweep") -> str:
+    """Why uv found no solution, in one line: the sentences of its ``cause:`` block that name a
+    release the registry does not serve (the root of the derivation), else the block's first
+    sentence; uv's last line when it gave no cause. install.log keeps its whole answer."""
+    lines = [line.strip().removeprefix("╰─▶").strip() for line in uv_error.splitlines()]
+    start = next((place for place, line in enumerate(lines) if line.startswith(("cause:", "Because"))), None)
+    if start is None:
+        return last_line(uv_error)
+    block = []
+    for line in lines[start:]:
+        if line.startswith("hint:"):
+            break
+        block.append(line)
+    text = " ".join(line for line in block if line).removeprefix("cause:").strip()
+    sentences = [sentence.strip() for sentence in re.split(r"(?<=[.)]) (?=And because|Because)", text)]
+    missing = [sentence for sentence in sentences if MISSING.search(sentence) and project not in sentence]
+    return " ".join(missing or sentences[:1])
 
 
 def dry_run_moves(output: str) -> dict[str, tuple[str | None, str | None]]:
@@ -414,7 +434,7 @@ def dry_run_moves(output: str) -> dict[str, tuple[str | None, str | None]]:
         sign, _, requirement = line.strip().partition(" ")
         name, equals, version = requirement.partition("==")
         if sign in ("-", "+") and equals:
-            moves.setdefault(canonicalize_name(name), [None, None])[sign == "+"] = version
+            moves.setdefault(canonicalize_name(name), [None, None])[sign == "+"] = version.split()[0]
     return {name: (old, new) for name, (old, new) in moves.items()}
 
 
@@ -428,7 +448,7 @@ def report_held_back(project: dict, installed: dict[str, str]) -> None:
     if not behind:
         say(f"every one of the {len(names)} packages detsweep requires or leans on is at its newest release")
     for name, version, newest in behind:
-        say(f"not the newest: {name} {version} installed, {newest} served: {why_held_back(name, newest)}")
+        say(f"not the newest: {name} {version} installed, {newest} served: {why_held_back(project, name, newest)}")
 
 
 def installed_versions() -> dict[str, str]:
