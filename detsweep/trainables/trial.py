@@ -13,7 +13,8 @@ Who writes the trial's MLflow run:
   kept), replayed steps and worker failures; when Tune stops the trial, its stop waits for
   these writes before Tune ends the process (:func:`ending_on_stop`);
 - each node's first worker, that node's system metrics (``worker.NodeMonitor``, MLflow's own
-  monitor, on the run this process publishes once it is open);
+  monitor, on the run this process publishes once it is open), its last sample too when this
+  process says that Tune stops the trial (:func:`last_samples`);
 - the sweep's driver, at the sweep's end: the status of a run its trial could not end itself
   (KILLED for a stopped trial), ``early_stopped`` and what the trial cost
   (``tracking.sweep_run.close_sweep_run``).
@@ -43,6 +44,8 @@ from detsweep.tracking.trial_run import RunLink, TrialIdentity, TrialRun
 from .channel import MONITORS, MONITORS_ENDED, STOPPING, Report, RunChannel
 from .request import TrainingRequest
 from .trainer import ProgressLines, stream_training
+
+log = logging.getLogger(__name__)
 
 INFEASIBLE = "infeasible"  # in a trial's Tune result: why it was not trained (the constraints it breaks)
 
@@ -171,8 +174,6 @@ def open_trial_run(tune_config: dict[str, Any], config: TrialConfig, restore) ->
                           search["metric"], search["mode"])
     return TrialRun(RunLink(**tune_config["tracking"]), trial, config, start_step)
 
-
-log = logging.getLogger(__name__)
 
 TRIAL_ACTOR = "Trial"  # the class name Ray lists a trial's actor by (ending_on_stop sets it)
 
