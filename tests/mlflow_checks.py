@@ -70,6 +70,9 @@ def check_mlflow_runs(report: dict, num_steps: int, every: int, pbt: bool = Fals
             usage = client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
             assert usage and all(0 <= m.value <= 100 for m in usage), usage
             assert run.data.metrics["system/system_memory_usage_megabytes"] > 0
+            if trial["status"] == "STOPPED":  # its last sample came after its last report, at the stop
+                reported = client.get_metric_history(run.info.run_id, "train/loss")
+                assert max(m.timestamp for m in usage) >= max(m.timestamp for m in reported), (usage, reported)
         assert run.data.params["train.num_steps"] == str(num_steps)
         if not pbt:
             for path, value in trial["config"].items():

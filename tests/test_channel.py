@@ -313,6 +313,7 @@ def test_a_stopped_trials_node_logs_its_last_system_metrics_before_the_process_e
     the monitor's start and its last."""
     from mlflow import MlflowClient
 
+    from detsweep.trainables.channel import STOPPING
     from detsweep.trainables.trial import last_samples
     from detsweep.trainables.worker import NodeMonitor
 
@@ -322,7 +323,8 @@ def test_a_stopped_trials_node_logs_its_last_system_metrics_before_the_process_e
     monitor = NodeMonitor(channel, None)  # made at the first report, before the run is open
     stopping = threading.Thread(target=last_samples, args=(channel,))
     stopping.start()
-    channel.publish("system_metrics", {"run_id": run_id, "uri": uri})  # the run opens after the stop began
+    assert channel.read(STOPPING, 30) is True  # the stop began
+    channel.publish("system_metrics", {"run_id": run_id, "uri": uri})  # then the run opens
     stopping.join(timeout=60)
     assert not stopping.is_alive() and monitor.ended
     history = client.get_metric_history(run_id, "system/cpu_utilization_percentage")

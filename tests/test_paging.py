@@ -159,7 +159,7 @@ def test_a_sweep_that_registers_nothing_says_why_in_one_line_and_in_its_json(tmp
     away = RunLink(f"http://127.0.0.1:{free_port()}", link.experiment_id, link.parent_run_id)
     linked = [dict(trial, mlflow_run_id=run_id) for trial, run_id in zip(trials, run_ids)]
     registered, why = register_models(report_of(sweep, linked), sweep, away, None)
-    assert registered is None and why.startswith(f"trial quickstart_00001's model: the tracking server at {away.uri} "
+    assert registered is None and why.startswith(f"trial quickstart_00001's model: MLflow at {away.uri} refused or "
                                                  "failed ("), why
 
 

@@ -148,7 +148,8 @@ SETTINGS = [
     "within 5 % of each other",
     "more than one AP point (0.01)",
     "Optuna 5.1 passed so before the lock took it; MLflow 3.18 cannot be installed",
-    "(waiting up to 15 s for a monitor still starting)",
+    "(waiting up to 15 s for them all, a monitor still starting included, before the up to 60 s it gives its "
+    "run's own writes)",
 ]
 
 

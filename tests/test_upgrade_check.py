@@ -253,7 +253,8 @@ def test_a_package_below_its_newest_release_is_named_with_uvs_reason(scratch: Pa
                 "         And because detsweep==0.1.0 depends on mlflow[auth]==3.18.0, … unsatisfiable.\n"))
         return subprocess.CompletedProcess(args, 0, "", "Would install 3 packages\n - cryptography==51.0.1\n"
                                            " + cryptography==50.0.2\n - detsweep==0.1.0 (from file:///repo)\n"
-                                           " + detsweep==0.1.0 (from file:///repo)\n - optuna==5.0.0\n + optuna==5.1.0\n")
+                                           " + detsweep==0.1.0 (from file:///repo)\n - optuna==5.0.0\n + optuna==5.1.0\n"
+                                           " - alembic==1.18.0\n + alembic==1.18.2\n")  # up with it: no reason
 
     monkeypatch.setattr(upgrade_check, "uv", fake)
     project = PROJECT | {"dependencies": [*PROJECT["dependencies"], "mlflow[auth]>=3.17,<3.18"]}
@@ -293,3 +294,14 @@ def test_uvs_cause_is_the_sentence_naming_a_release_the_registry_does_not_serve(
     assert upgrade_check.cause("  cause: Because a==1 depends on b<2 and you require b==3, no.\n") == (
         "Because a==1 depends on b<2 and you require b==3, no.")
     assert upgrade_check.cause("error: the index answered 503\n") == "error: the index answered 503"
+
+
+def test_a_registry_that_does_not_say_what_it_serves_is_said_so_not_taken_for_newest(
+        scratch: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    def unanswered(*args: str, log: Path) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(args, 2, "", "error: Failed to fetch: `https://index/simple/ray/`\n")
+
+    monkeypatch.setattr(upgrade_check, "uv", unanswered)
+    upgrade_check.report_held_back(PROJECT, {"ray": "2.60.0"})
+    assert capsys.readouterr().out.splitlines() == [
+        "upgrade-check: could not ask which releases are the newest: error: Failed to fetch: `https://index/simple/ray/`"]

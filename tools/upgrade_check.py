@@ -30,7 +30,7 @@ How to read what it prints, every line starting ``upgrade-check:``:
 - a table of the packages whose version differs from uv.lock's (``-`` in the uv.lock column: a
   package uv.lock does not have), the pinned and then the ones detsweep leans on first, its title
   naming the pins, then a line naming those of them that did not change;
-- without ``--pin`` (or when the pins did not install with uv.lock's versions), a line
+- without ``--pin``, a line
   ``not the newest: <package> <installed> installed, <newest> served: <why>`` for each package
   pyproject.toml requires (or ``WATCHED``) that is below the newest release the registry serves
   (``uv pip compile --no-deps`` asks for it alone), why being the first sentence of uv's cause
@@ -67,6 +67,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import Specifier, SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv"
@@ -317,7 +318,7 @@ def last_line(text: str) -> str:
 def install(project: dict, lock: dict, pins: list[Requirement]) -> tuple[str | None, bool]:
     """A new scratch environment with detsweep and the newest versions its lifted requirements
     allow, or with ``pins`` and uv.lock's versions of the rest (without them when they do not
-    install together). None, or uv's last line when it could not; and whether uv.lock's versions
+    install together). None, or uv's cause when it could not; and whether uv.lock's versions
     constrained the rest."""
     log = SCRATCH / "install.log"
     log.write_text("")
@@ -364,7 +365,13 @@ def newest_served(names: list[str]) -> dict[str, str]:
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     found = uv("pip", "compile", str(wanted), "--no-deps", "--no-header", "--no-annotate", "--python-version", python,
                log=SCRATCH / "install.log")
+    if found.returncode != 0:
+        raise RegistryUnanswered(cause(found.stderr))
     return pinned_versions(found.stdout)
+
+
+class RegistryUnanswered(RuntimeError):
+    """The registry did not say which releases it serves."""
 
 
 def pinned_versions(text: str) -> dict[str, str]:
@@ -379,8 +386,6 @@ def pinned_versions(text: str) -> dict[str, str]:
 
 def held_back(installed: dict[str, str], newest: dict[str, str]) -> list[tuple[str, str, str]]:
     """(package, installed version, newest release) for each package installed below its newest."""
-    from packaging.version import Version
-
     return [(name, installed[name], version) for name, version in sorted(newest.items())
             if name in installed and Version(installed[name]) < Version(version)]
 
@@ -401,7 +406,9 @@ def why_held_back(project: dict, name: str, version: str) -> str:
         return cause(tried.stderr, project["name"])
     moves = dry_run_moves(tried.stdout + tried.stderr)
     skip = {name, canonicalize_name(project["name"])}
-    others = [f"{other} {new} (not {old})" for other, (old, new) in moves.items() if other not in skip and old and new]
+    # Only what would go down explains the choice: what goes up with it is a consequence.
+    others = [f"{other} {new} (not {old})" for other, (old, new) in moves.items()
+              if other not in skip and old and new and Version(new) < Version(old)]
     return f"it installs only with {', '.join(others)}" if others else "it installs with the rest: uv preferred another"
 
 
@@ -444,7 +451,11 @@ def report_held_back(project: dict, installed: dict[str, str]) -> None:
     names = sorted({canonicalize_name(Requirement(r).name) for r in installed_requirements(project, EXTRA)}
                    | {canonicalize_name(name) for name in WATCHED})
     names = [name for name in names if name != canonicalize_name(project["name"])]
-    behind = held_back(installed, newest_served(names))
+    try:
+        behind = held_back(installed, newest_served(names))
+    except RegistryUnanswered as error:
+        say(f"could not ask which releases are the newest: {error}")
+        return
     if not behind:
         say(f"every one of the {len(names)} packages detsweep requires or leans on is at its newest release")
     for name, version, newest in behind:
@@ -527,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"1 failed: {tried(pins, constrained)} could not be installed (log: {SCRATCH / 'install.log'})")
         return 1
     installed = report_versions(lock, project["name"], pins)
-    if not constrained:  # the newest were asked for: say which were not had, and why
+    if not pins:  # the newest were asked for: say which were not had, and why
         report_held_back(project, installed)
     lines, numbers = run_marked_tests()
     for line in lines:

@@ -74,7 +74,7 @@ def find_experiment(name_or_path: str) -> tuple[str, Sweep]:
     elif "/" not in name_or_path and not Path(name_or_path).exists():
         candidates = [os.path.join(os.path.expanduser(RAY_RESULTS), name_or_path)]
     path = candidates[0] if "://" in candidates[0] else os.path.abspath(candidates[0])
-    if "://" in path:  # a bucket it cannot reach is bad input, like launch's storage
+    if "://" in path and not path.startswith("file://"):  # a bucket it cannot reach is bad input, like launch's storage
         check_bucket(path, "sweep")
     text = _read_text(f"{path.rstrip('/')}/{SWEEP_FILE}")
     if text is None:

@@ -253,9 +253,9 @@ def register_one(link, sweep: Sweep, trial: dict[str, Any], tags: dict[str, str]
         with console.working(f"registering trial {trial['trial_id']}'s model in MLflow"):
             return register_trial(link, sweep.name, trial, checkpoint, sweep.search.metric, sweep.search.mode, tags,
                                   crown=crown), None
-    except (MlflowException, OSError) as error:  # requests' errors are OSErrors: the server went away
+    except (MlflowException, OSError) as error:  # refused, or the server went away (requests' errors are OSErrors)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return None, f"trial {trial['trial_id']}'s model: the tracking server at {link.uri} failed ({first})"
+        return None, f"trial {trial['trial_id']}'s model: MLflow at {link.uri} refused or failed ({first})"
 
 
 def best_in_mlflow(link, trial: dict[str, Any], sweep: Sweep) -> tuple[str | None, str | None]:

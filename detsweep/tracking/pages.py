@@ -2,7 +2,11 @@
 a page at a time (newest first, by default), with a token for the next page: a caller that
 reads one page loses the oldest runs of a sweep larger than the page. Every listing detsweep
 makes goes through here and reads until MLflow says there is no more (a look-up of one run
-too, so that no search of MLflow's is made anywhere else: ``tests/test_tracking.py`` checks it).
+too, so that no search of MLflow's is made anywhere else: ``tests/test_paging.py`` checks it).
+MLflow's pages are offsets into its order: a run made while paging pushes one onto the next
+page (kept once here), and one deleted (a running trial pruning its checkpoints) can pull one
+back onto a page already read, so a listing made while a sweep runs (``best`` of a live sweep)
+can miss a checkpoint pruned meanwhile; one made at a sweep's end sees them all.
 
 ``PAGE_SIZE`` is the page asked for (MLflow's default for runs; its server allows up to
 50 000, but a run comes back with all its params, metrics and tags, so pages stay moderate).

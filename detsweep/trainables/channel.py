@@ -41,8 +41,10 @@ workers log their nodes' system metrics to (known only once the owner opened it,
 does while Ray Train starts the workers), the last evaluated step the owner passed on (an
 evaluation task waits for it before Ray Train may delete the checkpoint), and that Tune is
 stopping the trial (:data:`STOPPING`). Tune ends a stopped trial's process, and its workers
-with it, where no ``finally`` runs: the nodes' monitors, counted as they start
-(:data:`MONITORS`), log their last samples first and count themselves done (:data:`MONITORS_ENDED`).
+with it, where no ``finally`` runs: each node's monitor publishes when it started under its
+node (:data:`MONITOR` + node id: a restarted worker group's replaces the one before it), logs
+its last sample when the owner says stop, and publishes the same time under
+:data:`MONITOR_ENDED` + node id, which the owner waits for.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from detsweep.errors import failure_reason
 from detsweep.startup import NewSteps
 
 STOPPING = "stopping"  # published by the owner when Tune stops the trial
-MONITORS, MONITORS_ENDED = "monitors", "monitors_ended"  # counts: nodes' monitors started, and done
+MONITOR, MONITOR_ENDED = "monitor/", "monitor_ended/"  # + a node's id: when its monitor started, and ended
 
 
 class RunChannel:
@@ -93,13 +95,9 @@ class RunChannel:
         """The value published as ``name`` (once it is ``at_least``), waiting up to ``timeout_s``; None if none came."""
         return ray.get(self.actor.read.remote(name, timeout_s, at_least))
 
-    def count(self, name: str) -> int:
-        """Add one to the count ``name`` (published, so ``read`` waits for it); returns the new count."""
-        return ray.get(self.actor.count.remote(name))
-
-    def peek(self, name: str) -> Any:
-        """The value published as ``name`` now, or None."""
-        return ray.get(self.actor.peek.remote(name))
+    def named(self, prefix: str) -> dict[str, Any]:
+        """Every value published so far under a name that starts with ``prefix``; nothing waits."""
+        return ray.get(self.actor.named.remote(prefix))
 
 
 class ChannelActor:
@@ -122,14 +120,8 @@ class ChannelActor:
             self.values[name] = value
             self.published.notify_all()
 
-    async def count(self, name: str) -> int:
-        async with self.published:
-            self.values[name] = self.values.get(name, 0) + 1
-            self.published.notify_all()
-            return self.values[name]
-
-    async def peek(self, name: str) -> Any:
-        return self.values.get(name)
+    async def named(self, prefix: str) -> dict[str, Any]:
+        return {name: value for name, value in self.values.items() if name.startswith(prefix)}
 
     async def read(self, name: str, timeout_s: float, at_least: Any) -> Any:
         def ready() -> bool:

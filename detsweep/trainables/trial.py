@@ -41,7 +41,7 @@ from detsweep.evaluation.objectives import Constraint, broken
 from detsweep.startup import StartupClock
 from detsweep.tracking.trial_run import RunLink, TrialIdentity, TrialRun
 
-from .channel import MONITORS, MONITORS_ENDED, STOPPING, Report, RunChannel
+from .channel import MONITOR, MONITOR_ENDED, STOPPING, Report, RunChannel
 from .request import TrainingRequest
 from .trainer import ProgressLines, stream_training
 
@@ -180,7 +180,8 @@ TRIAL_ACTOR = "Trial"  # the class name Ray lists a trial's actor by (ending_on_
 # How long a trial that Tune stops may take to write what it reported (its last checkpoint,
 # above all) before Tune ends its process; the writer retries a server that is away every 10 s.
 STOP_GRACE_S = 60.0
-# How long it waits first for its nodes' last system metrics (a monitor still starting imports MLflow).
+# How long it waits first for its nodes' last system metrics (a monitor still starting imports MLflow):
+# a stopped trial's process may take this and STOP_GRACE_S before Tune ends it.
 LAST_SAMPLES_GRACE_S = 15.0
 
 
@@ -221,13 +222,20 @@ class TrialEnd:
 
 def last_samples(channel: RunChannel, grace_s: float = LAST_SAMPLES_GRACE_S) -> None:
     """Tune is about to end this process, and the trial's workers with it: each node's monitor
-    that started logs its last system metrics first (``worker.NodeMonitor``), within ``grace_s``."""
+    that started logs its last system metrics first (``worker.NodeMonitor``), within ``grace_s``
+    for them all."""
     try:
-        started = channel.peek(MONITORS)
-        if started:
-            channel.publish(STOPPING, True)
-            if channel.read(MONITORS_ENDED, grace_s, at_least=started) is None:
-                log.warning("the nodes' last system metrics did not come within %.0f s", grace_s)
+        started = channel.named(MONITOR)
+        if not started:
+            return
+        channel.publish(STOPPING, True)
+        deadline = time.monotonic() + grace_s
+        late = [name for name, since in started.items()
+                if channel.read(MONITOR_ENDED + name.removeprefix(MONITOR), max(0.0, deadline - time.monotonic()),
+                                at_least=since) is None]
+        if late:
+            log.warning("the last system metrics of %d of %d nodes did not come within %.0f s", len(late),
+                        len(started), grace_s)
     except Exception as error:  # a courtesy, like the metrics themselves: the stop goes on
         log.warning("the nodes' last system metrics were not asked for: %s", error)
 

@@ -13,7 +13,7 @@ import ray.train
 from detsweep.config import TrialConfig
 from detsweep.startup import StartupClock
 
-from .channel import MONITORS, MONITORS_ENDED, STOPPING, LoopMetrics, LoopSender, RunChannel, TrainingFailed
+from .channel import MONITOR, MONITOR_ENDED, STOPPING, LoopMetrics, LoopSender, RunChannel, TrainingFailed
 from .request import TrainingRequest
 
 LIFETIME_S = 7 * 24 * 3600.0  # a monitor waits this long for a stop: longer than any trial
@@ -57,15 +57,22 @@ class NodeMonitor:
     def __init__(self, channel: RunChannel, node_id: str | None):
         self.channel, self.node_id, self.monitor = channel, node_id, None
         self.started, self.lock, self.ended = threading.Event(), threading.Lock(), False
-        channel.count(MONITORS)  # before the owner can look: a stop waits for this monitor's last sample
+        self.node, self.since = ray.get_runtime_context().get_node_id(), time.time()
+        try:  # before the owner can look: a stop waits for this monitor's last sample
+            channel.publish(MONITOR + self.node, self.since)
+        except Exception as error:  # a courtesy: training goes on without it
+            logging.getLogger(__name__).warning("no last system metrics at a stop: %s", error)
         threading.Thread(target=self._run, name="detsweep-system-metrics", daemon=True).start()
 
     def _run(self) -> None:
         self._start()
         self.started.set()
-        if self.channel.read(STOPPING, timeout_s=LIFETIME_S) is not None:
-            self.close()
-            self.channel.count(MONITORS_ENDED)
+        try:
+            if self.channel.read(STOPPING, timeout_s=LIFETIME_S) is not None:
+                self.close()
+                self.channel.publish(MONITOR_ENDED + self.node, self.since)
+        except Exception as error:  # the channel went with its owner: nobody waits for the last sample
+            logging.getLogger(__name__).warning("no stop came through the run's channel: %s", error)
 
     def _start(self) -> None:
         try:
