@@ -33,10 +33,11 @@ How to read what it prints, every line starting ``upgrade-check:``:
 - without ``--pin``, a line
   ``not the newest: <package> <installed> installed, <newest> served: <why>`` for each package
   pyproject.toml requires (or ``WATCHED``) that is below the newest release the registry serves
-  (``uv pip compile --no-deps`` asks for it alone), why being the first sentence of uv's cause
-  when the two cannot be installed together (``there is no version of mlflow-tracing==3.18.0``),
-  else which other packages would move with it (``cryptography 50.0.2 (not 51.0.1)``: the
-  resolution preferred their newer releases); or one line saying that every one is the newest;
+  (``uv pip compile --no-deps`` asks for it alone), why being the sentence of uv's cause that
+  names what the registry does not serve when the two cannot be installed together (``there is
+  no version of mlflow-tracing==3.18.0``), else which other packages would go down with it
+  (``cryptography 50.0.2 (not 51.0.1)``: the resolution preferred their newer releases); or one
+  line saying that every one is the newest (or that the registry did not answer);
 - ``FAILED <test>: <its error>`` for each test that failed (``ERROR`` when its set-up did, as
   pytest says), the error being the last ``SomethingError: …`` line of pytest's report (the
   tests put a subprocess's stderr into their assertions, whose first line is mostly a warning),
@@ -390,12 +391,11 @@ def held_back(installed: dict[str, str], newest: dict[str, str]) -> list[tuple[s
             if name in installed and Version(installed[name]) < Version(version)]
 
 
-def why_held_back(project: dict, name: str, version: str) -> str:
+def why_held_back(project: dict, requirements: list[str], name: str, version: str) -> str:
     """Why uv did not install ``name==version`` with the rest, asked by a dry run that requires
     it (a package pyproject.toml requires is pinned in its override, as ``--pin`` does; another
     is required beside the rest, so that what requires it still decides): uv's cause when it
     cannot install, else what would move with it (the versions uv preferred)."""
-    requirements = installed_requirements(project, EXTRA)
     pin = Requirement(f"{name}=={version}")
     direct = name in {canonicalize_name(Requirement(requirement).name) for requirement in requirements}
     tried_overrides = SCRATCH / "overrides-held-back.txt"
@@ -448,7 +448,8 @@ def dry_run_moves(output: str) -> dict[str, tuple[str | None, str | None]]:
 def report_held_back(project: dict, installed: dict[str, str]) -> None:
     """A line for each package detsweep requires (or leans on: WATCHED) that was installed
     below the newest release the registry serves, with why."""
-    names = sorted({canonicalize_name(Requirement(r).name) for r in installed_requirements(project, EXTRA)}
+    requirements = installed_requirements(project, EXTRA)
+    names = sorted({canonicalize_name(Requirement(r).name) for r in requirements}
                    | {canonicalize_name(name) for name in WATCHED})
     names = [name for name in names if name != canonicalize_name(project["name"])]
     try:
@@ -459,7 +460,7 @@ def report_held_back(project: dict, installed: dict[str, str]) -> None:
     if not behind:
         say(f"every one of the {len(names)} packages detsweep requires or leans on is at its newest release")
     for name, version, newest in behind:
-        say(f"not the newest: {name} {version} installed, {newest} served: {why_held_back(project, name, newest)}")
+        say(f"not the newest: {name} {version} installed, {newest} served: {why_held_back(project, requirements, name, newest)}")
 
 
 def installed_versions() -> dict[str, str]:
