@@ -36,7 +36,7 @@ from detsweep.data.augment import (
     random_horizontal_flip,
     random_square_crop_by_scale,
 )
-from detsweep.data.pipeline import training_dataset
+from detsweep.data.pipeline import InMemory, training_dataset
 from detsweep.data.processing import InputSpec
 from detsweep.errors import DetsweepError
 
@@ -305,8 +305,9 @@ def test_a_training_dataset_with_every_augmentation_gives_finite_batches_of_its_
         random_absolute_pad_image={"max_height_padding": 40, "max_width_padding": 40},
         random_scale_crop_and_pad_to_square={"scale_min": 0.5, "scale_max": 1.5})
     tf.random.set_seed(13)
-    spec = InputSpec(96, max_boxes=MAX_BOXES)
-    data = training_dataset(generate_synthetic(6, 80, 3, seed=1), spec, augmentation, batch_size=4, seed=0)
+    spec = InputSpec(96)
+    data = training_dataset(InMemory.of(generate_synthetic(6, 80, 3, seed=1), MAX_BOXES), spec, augmentation,
+                            batch_size=4, seed=0)
     boxes_seen = 0
     for images, targets in data.take(3):
         assert images.shape == (4, 96, 96, 3) and np.isfinite(images.numpy()).all()
@@ -340,7 +341,7 @@ def first_batches(seed: int) -> tuple[np.ndarray, np.ndarray]:
     global seed ``seed`` (training sets both: ``keras.utils.set_random_seed(train.seed)``); its
     parallel map may run the examples in any order."""
     tf.random.set_seed(seed)
-    data = training_dataset(generate_synthetic(4, 80, 3, seed=1), InputSpec(96, max_boxes=MAX_BOXES),
+    data = training_dataset(InMemory.of(generate_synthetic(4, 80, 3, seed=1), MAX_BOXES), InputSpec(96),
                             AugmentationConfig(**EVERY_STEP, random_scale_crop_and_pad_to_square={"scale_min": 0.5}),
                             batch_size=4, seed=seed)
     batches = list(data.take(3))
@@ -467,13 +468,13 @@ def test_training_batches_apply_the_configs_augmentation():
     """The batches the training loop steps on (``train.loop.distributed_batches``, the same
     seed and order): with ``random_horizontal_flip: 1`` every image and its boxes are those
     without augmentation, mirrored; with no augmentation they are not."""
-    from detsweep.data import load_dataset
+    from detsweep.data import training_source
     from detsweep.data.augment import build_augmentations
     from detsweep.train.loop import distributed_batches
 
     def first_batch(*overrides: str) -> tuple[np.ndarray, np.ndarray]:
         config = load_trial_config(QUICKSTART, ["data.train.num_images=8", "data.augmentation={}", *overrides])
-        train_set = load_dataset(config.data.train)
+        train_set = training_source(config.data)
         images, targets = next(distributed_batches(tf.distribute.get_strategy(), train_set, InputSpec.of(config.model),
                                                    config, 0, build_augmentations(config.data.augmentation)))
         return images.numpy(), targets["boxes"].numpy()

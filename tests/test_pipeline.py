@@ -16,12 +16,13 @@ from detsweep.data.processing import InputSpec
 
 from .conftest import run_cli
 
-SPEC = InputSpec(image_size=128, max_boxes=8)
+SPEC = InputSpec(image_size=128)
+MAX_BOXES = 8
 
 
 def first_element():
     dataset = generate_synthetic(1, 128, 3, seed=5)
-    tensors = {k: v[:1] for k, v in to_tensors(dataset, SPEC.max_boxes).items()}
+    tensors = {k: v[:1] for k, v in to_tensors(dataset, MAX_BOXES).items()}
     element = next(iter(tf.data.Dataset.from_tensor_slices(tensors)))
     return decode_and_resize(element, SPEC, from_files=False)
 

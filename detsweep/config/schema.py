@@ -340,6 +340,13 @@ class DataConfig(Section):
     train: DatasetConfig = DatasetConfig()
     val: DatasetConfig | None = None
     augmentation: AugmentationConfig = AugmentationConfig()
+    max_boxes: PosInt | None = Field(
+        None, description="training keeps at most this many boxes of an image, the first ones (the OD API's "
+                          "max_number_of_boxes, 100 there); None: the most any training image has. What a value "
+                          "cuts is counted and said when training starts")
+    shuffle_buffer_size: PosInt = Field(
+        2048, description="training shuffles each epoch in a buffer of this many images (the OD API's "
+                          "shuffle_buffer_size); fixed, so a resumed run's batches are an unbroken run's on any node")
 
 
 BackboneName = Literal["resnet_tiny", "resnet18", "resnet50", "resnet101", "resnet152"]

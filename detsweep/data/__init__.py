@@ -8,11 +8,17 @@ TensorFlow is imported only to read TFRecords.
 
 from __future__ import annotations
 
-from detsweep.config import DatasetConfig
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from detsweep.config import DataConfig, DatasetConfig
 
 from .records import Category, DetectionSet, Example
 from .report import describe, format_description
 from .synthetic import generate_synthetic, write_synthetic
+
+if TYPE_CHECKING:
+    from .pipeline import TrainingSource
 
 
 def load_dataset(config: DatasetConfig, verify: bool = True) -> DetectionSet:
@@ -41,13 +47,50 @@ def load_dataset(config: DatasetConfig, verify: bool = True) -> DetectionSet:
                               verify=verify, skip_empty=config.skip_empty)
 
 
+def training_source(data: DataConfig, say: Callable[[str], None] = print) -> TrainingSource:
+    """What training reads of ``data.train``: TFRecords streamed from this node's files (indexed
+    once), other formats held in memory (their pixels read from their files as they are needed).
+    Says what ``data.max_boxes`` cuts. The driver verified the files."""
+    from .index import cut_line
+    from .pipeline import InMemory
+    from .remote import with_local_copies
+
+    dataset = with_local_copies(data.train)
+    if dataset.format == "tfrecord":
+        from .streamed import StreamedRecords
+
+        source = StreamedRecords.of(dataset, data.max_boxes, say)
+    else:
+        source = InMemory.of(load_dataset(dataset, verify=False), data.max_boxes)
+    say(cut_line(source.box_counts, data.max_boxes))
+    return source
+
+
+def dataset_categories(config: DatasetConfig) -> list[Category]:
+    """``config``'s categories, reading no more than it must: a TFRecord set's label map, or
+    its record index (cached: the labels only, once per version of the files)."""
+    if config.format == "tfrecord":
+        from .index import record_index
+        from .labelmap import read_label_map
+        from .remote import with_local_copies
+        from .tfrecord import record_files
+
+        if config.label_map:
+            return read_label_map(with_local_copies(config).label_map).categories
+        local = with_local_copies(config)
+        return record_index(record_files(local.annotations), say=lambda line: None).categories(None, None)
+    return load_dataset(config, verify=False).categories
+
+
 __all__ = [
     "Category",
     "DetectionSet",
     "Example",
     "describe",
     "format_description",
+    "dataset_categories",
     "generate_synthetic",
     "load_dataset",
+    "training_source",
     "write_synthetic",
 ]

@@ -1,13 +1,19 @@
-"""A DetectionSet → tf.data: decode, augment (training), resize and pad, pad boxes, batch.
+"""Training data → tf.data: decode, augment (training), resize and pad, pad boxes, batch.
 
-Every reader ends here, so COCO, VOC, TFRecord and synthetic data train identically. As in the
-OD API, the augmentations of :mod:`~detsweep.data.augment` work on the decoded picture, before
-the resize (``random_scale_crop_and_pad_to_square`` excepted). Boxes end in absolute pixels
-(ymin, xmin, ymax, xmax) of the resized image; ``scale`` and ``image_shape`` let
+Every reader ends here, so COCO, VOC, TFRecord and synthetic data train identically: a
+:class:`DetectionSet` held in memory (:class:`InMemory`), or TFRecords streamed from their files
+(:class:`~detsweep.data.streamed.StreamedRecords`), each giving a worker its share an epoch at a
+time. As in the OD API, the augmentations of :mod:`~detsweep.data.augment` work on the decoded
+picture, before the resize (``random_scale_crop_and_pad_to_square`` excepted). Boxes end in
+absolute pixels (ymin, xmin, ymax, xmax) of the resized image; ``scale`` and ``image_shape`` let
 :func:`~detsweep.data.processing.in_original_image` map detections back.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -62,11 +68,11 @@ def decode_and_resize(element: dict, spec: InputSpec, from_files: bool) -> dict:
 
 
 def training_example(element: dict, spec: InputSpec, augmentations: Augmentations,
-                     from_files: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-    """One ``(image, {"boxes", "labels"})`` of training, as the OD API makes it: the decoded
-    picture augmented, resized by ``spec``, scale-jittered on the resized image, padded and
-    normalised."""
-    element = resized(augmentations.on_decoded_image(decoded(element, from_files)), spec)
+                     decode: Callable[[dict], dict]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """One ``(image, {"boxes", "labels"})`` of training, as the OD API makes it: the picture
+    ``decode`` gives augmented, resized by ``spec``, scale-jittered on the resized image, padded
+    and normalised."""
+    element = resized(augmentations.on_decoded_image(decode(element)), spec)
     jitter = augmentations.scale_jitter
     if jitter is not None:
         element = random_scale_crop(element, spec, jitter.scale_min, jitter.scale_max)
@@ -74,44 +80,135 @@ def training_example(element: dict, spec: InputSpec, augmentations: Augmentation
     return element["image"], {"boxes": element["boxes"], "labels": tf.cast(element["labels"], tf.float32)}
 
 
+class Share(Protocol):
+    """What one input pipeline reads, an epoch at a time: ``size`` images, each epoch all of them."""
+
+    size: int
+
+    def epoch(self, epoch: tf.Tensor) -> tf.data.Dataset:
+        """The images of ``epoch`` (``image`` not decoded, ``boxes``, ``labels``), before the shuffle."""
+
+    def decoded(self, element: dict) -> dict:
+        """``element``'s picture decoded, its boxes in its pixels."""
+
+
+class TrainingSource(Protocol):
+    """Training data: in memory (:class:`InMemory`) or streamed (:class:`~detsweep.data.streamed.StreamedRecords`)."""
+
+    categories: list
+    max_boxes: int  # each image's first boxes kept
+    box_counts: list[int]  # each training image's boxes
+
+    def share(self, count: int, index: int, seed: int) -> Share: ...
+
+    def sharing_line(self, count: int) -> str:
+        """How ``count`` pipelines share the data, in one line."""
+
+
+@dataclass(frozen=True)
+class InMemory:
+    """A :class:`DetectionSet` as training data: every pipeline holds it and keeps its share."""
+
+    dataset: DetectionSet
+    max_boxes: int
+
+    @classmethod
+    def of(cls, dataset: DetectionSet, max_boxes: int | None = None) -> InMemory:
+        return cls(dataset, max_boxes or max(1, max((len(e.labels) for e in dataset.examples), default=0)))
+
+    @property
+    def categories(self) -> list:
+        return self.dataset.categories
+
+    @property
+    def box_counts(self) -> list[int]:
+        return [len(example.labels) for example in self.dataset.examples]
+
+    def share(self, count: int, index: int, seed: int) -> Share:
+        return _InMemoryShare(self, count, index, seed)
+
+    def sharing_line(self, count: int) -> str:
+        return f"{self.dataset.source}: {len(self.dataset.examples)} images in memory; each of {count} pipelines keeps 1 in {count}"
+
+
+class _InMemoryShare:
+    """Pipeline ``index`` of ``count``'s images, each epoch in an order drawn from the seed and the epoch."""
+
+    def __init__(self, source: InMemory, count: int, index: int, seed: int):
+        self.from_files = source.dataset.examples[0].encoded is None
+        self.size = len(range(index, len(source.dataset.examples), count))
+        self.seed = seed
+        self.columns = {key: tf.constant(column[index::count])
+                        for key, column in to_tensors(source.dataset, source.max_boxes).items()}
+
+    def epoch(self, epoch: tf.Tensor) -> tf.data.Dataset:
+        order = tf.random.experimental.stateless_shuffle(tf.range(self.size), tf.stack([tf.constant(self.seed, tf.int64), epoch]))
+        return tf.data.Dataset.from_tensor_slices(order).map(
+            lambda i: {key: column[i] for key, column in self.columns.items()})
+
+    def decoded(self, element: dict) -> dict:
+        return decoded(element, self.from_files)
+
+
+EPOCHS = 2**40  # "endless"
+
+
 def training_dataset(
-    dataset: DetectionSet,
+    source: TrainingSource | DetectionSet,
     spec: InputSpec,
     augmentation: AugmentationConfig | Augmentations,
     batch_size: int,
     seed: int,
     shard: tuple[int, int] = (1, 0),
     skip: int = 0,
+    shuffle_buffer_size: int = 2048,
 ) -> tf.data.Dataset:
     """Endless, shuffled batches of ``(images, {"boxes", "labels"})`` for one input pipeline.
 
-    ``augmentation``: the config's, or as built already (a training reports what it built).
-    ``shard = (num_pipelines, index)``: each worker reads a disjoint part of the data.
-    ``skip``: the examples this pipeline's seed already gave (a resumed run's): the batches
-    go on exactly where an unbroken run's would be, at the cost of drawing the skipped
-    examples' order and seeds, not of decoding them.
+    ``source``: a DetectionSet is trained on in memory, every box kept. ``augmentation``: the
+    config's, or as built already (a training reports what it built). ``shard = (num_pipelines,
+    index)``: each pipeline reads a disjoint share. ``seed``: the run's; each pipeline draws from
+    its own.
+
+    Each epoch's order is drawn from the seed and the epoch alone: its images shuffled in a
+    buffer of ``shuffle_buffer_size``, each given its own seed for its augmentations' stateless
+    draws (the same batches whichever threads map them). ``skip``: the images this pipeline
+    already gave (a resumed run's). The batches go on exactly where an unbroken run's would be,
+    reading only the rest of the epoch it stopped in.
     """
     augmentations = augmentation if isinstance(augmentation, Augmentations) else build_augmentations(augmentation)
-    from_files = dataset.examples[0].encoded is None
-    data = tf.data.Dataset.from_tensor_slices(to_tensors(dataset, spec.max_boxes))
-    data = data.shard(*shard).shuffle(len(dataset.examples), seed=seed, reshuffle_each_iteration=True).repeat()
-    # Each example its own seed for its augmentations' stateless draws: the same batches for the
-    # same seed, whichever threads map them (stateful draws would follow the threads' order).
-    seeds = tf.data.Dataset.random(seed=seed).batch(2)
+    source = InMemory.of(source) if isinstance(source, DetectionSet) else source
+    share = source.share(*shard, seed=seed + 1000 * shard[1])  # each pipeline its own draws
+    data = shuffled_examples(share, seed + 1000 * shard[1], skip, shuffle_buffer_size)
     # One map for the whole example: each map is a stage of its own, with its own buffers
-    data = tf.data.Dataset.zip((data, seeds)).skip(skip).map(
-        lambda e, s: training_example({**e, "seed": s}, spec, augmentations, from_files),
-        num_parallel_calls=tf.data.AUTOTUNE)
+    data = data.map(lambda element: training_example(element, spec, augmentations, share.decoded),
+                    num_parallel_calls=tf.data.AUTOTUNE)
     return data.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+def shuffled_examples(share: Share, seed: int, skip: int, shuffle_buffer_size: int) -> tf.data.Dataset:
+    """``share``'s examples, endless, from the ``skip``-th: epoch after epoch, each in the share's
+    order for it shuffled in a buffer of ``shuffle_buffer_size`` (its seed a number: tf.data's
+    shuffle takes no tensor seed under a global seed of 0, so the epochs differ by the share's
+    order), each with its augmentations' seed ``[seed, its number]``. Reads only the rest of the
+    epoch it starts in."""
+
+    def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
+        images = share.epoch(epoch).shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=False)
+        return images.enumerate().map(
+            lambda i, element: {**element, "seed": tf.stack([tf.constant(seed, tf.int64), epoch * share.size + i])})
+
+    start, within = divmod(skip, share.size)
+    return tf.data.Dataset.range(start, EPOCHS).flat_map(one_epoch).skip(within)
+
+
 def evaluation_dataset(dataset: DetectionSet, spec: InputSpec, batch_size: int) -> tf.data.Dataset:
-    """Every image once, in order: ``(images, {"image_id", "scale", "image_shape", "boxes", "labels"})``
+    """Every image once, in order, every box kept: ``(images, {"image_id", "scale", "image_shape", "boxes", "labels"})``
     batches of exactly ``batch_size`` (the evaluator traces one static batch shape); the last one is
     filled up with copies of the first image whose ``image_id`` is -1 and which have no boxes.
     Boxes and labels are the training pipeline's targets (resized pixels, float labels, -1 padding)."""
     from_files = dataset.examples[0].encoded is None
-    tensors = to_tensors(dataset, spec.max_boxes)
+    tensors = to_tensors(dataset, max(1, max(len(example.labels) for example in dataset.examples)))  # every box
     filler = -len(dataset.examples) % batch_size
     tensors = {key: np.concatenate([column, np.repeat(column[:1], filler, axis=0)]) for key, column in tensors.items()}
     fillers = slice(len(tensors["image_id"]) - filler, None)

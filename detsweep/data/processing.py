@@ -30,7 +30,6 @@ class InputSpec:
     square; ``fixed_shape``: stretched to the square), then ``(pixel - mean) / std``."""
 
     image_size: int
-    max_boxes: int = 100
     image_resizer: str = "keep_aspect_ratio"
     mean: tuple[float, float, float] = MEAN
     std: tuple[float, float, float] = STD

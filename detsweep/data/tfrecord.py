@@ -53,6 +53,37 @@ def read_tfrecord(config: DatasetConfig, verify: bool = True) -> DetectionSet:
                     verify=verify, skip_empty=config.skip_empty, subset=config.subset)
 
 
+def sample_tfrecord(config: DatasetConfig, per_file: int = 4) -> str:
+    """The driver's check of a TFRecord set, without reading it whole: the files exist, the first
+    ``per_file`` records of each parse, their images decode and the label map covers their classes.
+    One line that says it sampled."""
+    from itertools import islice
+
+    label_map = read_label_map(config.label_map) if config.label_map else None
+    files = record_files(config.annotations)
+    records = [parse_record(raw, f"{path}: record {n}", label_map)
+               for path in files for n, raw in enumerate(islice(read_records(path), per_file))]
+    if not records:
+        raise DetsweepError(f"{config.annotations}: found no records, expected at least one")
+    counts: Counter = Counter()
+    examples = to_examples(records, record_categories(records, label_map, config.label_map), counts, verify=True)
+    boxes = sum(len(example.labels) for example in examples)
+    return (f"{config.annotations}: sampled {len(records)} records (the first {per_file} of each of "
+            f"{len(files)} {'file' if len(files) == 1 else 'files'}): {boxes} {'box' if boxes == 1 else 'boxes'}, "
+            "every image decoded, every class in the label map; each node indexes the rest once")
+
+
+def od_api_features() -> dict:
+    """What training reads of a record, for ``tf.io.parse_example``."""
+    import tensorflow as tf
+
+    boxes = {f"image/object/bbox/{side}": tf.io.VarLenFeature(tf.float32) for side in ("ymin", "xmin", "ymax", "xmax")}
+    return {"image/encoded": tf.io.FixedLenFeature([], tf.string), **boxes,
+            "image/object/class/label": tf.io.VarLenFeature(tf.int64),
+            "image/object/class/text": tf.io.VarLenFeature(tf.string),
+            "image/object/is_crowd": tf.io.VarLenFeature(tf.int64)}
+
+
 def record_files(spec: str) -> list[str]:
     """The files of ``a.record``, ``a.record,b.record`` or a glob like ``train.record-?????-of-00010``."""
     import tensorflow as tf

@@ -141,10 +141,15 @@ def read_data(config: TrialConfig) -> list[str]:
     """Read and verify the datasets once, on the driver, so that workers can trust them;
     one summary line per dataset (what was clipped, dropped, converted)."""
     from detsweep.data import load_dataset
+    from detsweep.data.remote import with_local_copies
+    from detsweep.data.tfrecord import sample_tfrecord
 
     summaries = []
     for name, dataset in (("data.train", config.data.train), ("data.val", config.data.val)):
-        if dataset is not None:
+        if dataset is not None and dataset.format == "tfrecord" and name == "data.train":
+            with console.working(f"sampling {name} (tfrecord)"):  # COCO's are 19 GB: the nodes stream them
+                summaries.append(sample_tfrecord(with_local_copies(dataset)))
+        elif dataset is not None:
             with console.working(f"reading and checking {name} ({dataset.format})"):
                 summaries.append(load_dataset(dataset, verify=True).summary_line())
     return summaries
@@ -153,11 +158,11 @@ def read_data(config: TrialConfig) -> list[str]:
 def check_fit(config: TrialConfig, where: str):
     """A fine-tune's checkpoint restored into the model, here, once, as the workers will (the
     datasets were verified already); its warm-start plan, and a line saying what it restores."""
-    from detsweep.data import load_dataset
+    from detsweep.data import dataset_categories
     from detsweep.train.warm_start import plan_warm_start
     from detsweep.trainables.worker import fine_tune_source
 
-    categories = load_dataset(config.data.train, verify=False).categories
+    categories = dataset_categories(config.data.train)
     # a checkpoint that does not fit: one line, not TensorFlow's start-up
     with console.working("building the model and restoring the fine-tune's checkpoint into it"), \
             stderr_held_back(), fine_tune_source(config) as directory:

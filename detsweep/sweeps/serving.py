@@ -40,11 +40,11 @@ def architectures(sweep: Sweep) -> list[TrialConfig]:
 def measure_architectures(sweep: Sweep, say=print) -> dict[str, dict[str, float]]:
     """``ModelConfig.architecture_key`` → its ``serve/*`` metrics, each architecture measured once. Refused
     in one line when none meets the sweep's constraints: no trial could train."""
-    from detsweep.data import load_dataset
+    from detsweep.data import dataset_categories
     from detsweep.export.architecture import serving_cost
 
     configs = architectures(sweep)
-    classes = sweep.base.model.num_classes or len(load_dataset(sweep.base.data.train, verify=False).categories)
+    classes = sweep.base.model.num_classes or len(dataset_categories(sweep.base.data.train))
     costs: dict[str, dict[str, Any]] = {}
     for config in configs:
         key = config.model.architecture_key(config.model.num_classes or 0)

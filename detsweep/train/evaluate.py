@@ -42,11 +42,7 @@ class Evaluator:
         self.ground_truth = val_set.to_coco()
         self.batches = evaluation_dataset(val_set, spec, batch_size)
         category_ids = [category.id for category in val_set.categories]
-        image_spec = tf.TensorSpec([batch_size, spec.image_size, spec.image_size, 3], tf.float32)
-        meta_spec = {"image_id": tf.TensorSpec([batch_size], tf.int64), "scale": tf.TensorSpec([batch_size, 2], tf.float32),
-                     "image_shape": tf.TensorSpec([batch_size, 2], tf.int32),
-                     "boxes": tf.TensorSpec([batch_size, spec.max_boxes, 4], tf.float32),
-                     "labels": tf.TensorSpec([batch_size, spec.max_boxes], tf.float32)}
+        image_spec, meta_spec = self.batches.element_spec
 
         @tf.function(input_signature=[image_spec, meta_spec])
         def detect(images, meta):

@@ -15,9 +15,9 @@ import tensorflow as tf
 
 from detsweep.config import TrialConfig
 from detsweep.config.schema import TrainConfig
-from detsweep.data import DetectionSet, load_dataset
+from detsweep.data import load_dataset, training_source
 from detsweep.data.augment import Augmentations, build_augmentations
-from detsweep.data.pipeline import training_dataset
+from detsweep.data.pipeline import TrainingSource, training_dataset
 from detsweep.data.processing import InputSpec
 from detsweep.models.detector_presets import preset_trial_config
 from detsweep.startup import StartupClock
@@ -73,24 +73,23 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     keras.mixed_precision.set_global_policy(train.mixed_precision)
     keras.utils.set_random_seed(train.seed)
     config = preset_trial_config(config)  # a detector preset's architecture wins
-    train_set = load_dataset(config.data.train, verify=False)  # the driver verified the files
-    val_set = load_dataset(config.data.val, verify=False) if config.data.val else None
+    train_source = training_source(config.data)
+    # Inline, only rank 0 evaluates; the others wait for it at their next collective (a step, or
+    # the report). Async, each evaluation is of a checkpoint, elsewhere, and nobody waits.
+    inline = train.evaluation == "inline"
+    val_set = load_dataset(config.data.val, verify=False) if config.data.val and inline and context.rank == 0 else None
     spec = InputSpec.of(config.model)
     startup.mark("data")
-    state, losses, restored = starting_state(strategy, config, context, len(train_set.categories))
+    state, losses, restored = starting_state(strategy, config, context, len(train_source.categories))
     step = int(state.step.numpy())
     startup.mark("model")
     augmentations = build_augmentations(config.data.augmentation)
     built = trained_with(state.optimizer, state.moving_average, augmentations, strategy.num_replicas_in_sync)
     check_as_sampled(context.sampled, built)  # a trial that would train something else ends before its first step
-    batches = distributed_batches(strategy, train_set, spec, config, step, augmentations)
+    batches = distributed_batches(strategy, train_source, spec, config, step, augmentations)
     train_loop = make_train_loop(strategy, state.model, losses, state.optimizer, state.moving_average, state.step,
                                  jit_compile=train.jit_compile)
-    # Inline, only rank 0 evaluates; the others wait for it at their next collective (a step, or
-    # the report). Async, each evaluation is of a checkpoint, elsewhere, and nobody waits.
-    inline = train.evaluation == "inline"
-    evaluator = (Evaluator(state.model, val_set, spec, batch_size=8, losses=losses)
-                 if val_set and inline and context.rank == 0 else None)
+    evaluator = Evaluator(state.model, val_set, spec, batch_size=8, losses=losses) if val_set else None
     metrics: dict[str, float] = {}
     first_files = {TRAINED_WITH_FILE: trained_with_json(built)}
 
@@ -105,7 +104,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         metrics = loop_metrics(result, step, time.perf_counter() - started, state.schedule, train.batch_size)
         metrics, restored = metrics | restored, {}  # only the first report carries restore/*
         # --- evaluate, checkpoint, report ----------------------------------------------
-        evaluation_due = val_set is not None and is_due(step, train.eval_every, train.num_steps)
+        evaluation_due = config.data.val is not None and is_due(step, train.eval_every, train.num_steps)
         pictures, first_files = first_files, {}  # only the first report carries trained_with.json
         if evaluator and evaluation_due:
             scores = evaluator.evaluate_with_average(state.moving_average, step, picture=context.pictures)
@@ -113,7 +112,7 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
         milestone, checkpoint_due = milestone_of(step, train, evaluation_due)
         if checkpoint_due:
             with tempfile.TemporaryDirectory(prefix="detsweep-ckpt-") as scratch:
-                report(metrics, state.save(Path(scratch), config, train_set.categories), milestone, pictures)
+                report(metrics, state.save(Path(scratch), config, train_source.categories), milestone, pictures)
         else:
             report(metrics, None, milestone, pictures)
     return metrics
@@ -150,9 +149,9 @@ def with_first_report_extras(report: Reporter, extras: Callable[[], tuple[dict, 
     return reporting
 
 
-def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSet, spec: InputSpec,
+def distributed_batches(strategy: tf.distribute.Strategy, source: TrainingSource, spec: InputSpec,
                         config: TrialConfig, step: int, augmentations: Augmentations) -> Iterator:
-    """Each worker's shard of the training batches from ``step`` on: the batches an unbroken
+    """Each worker's share of the training batches from ``step`` on: the batches an unbroken
     run would train on there, so that a run paused and resumed (halving, PBT, a lost worker)
     trains as one that never stopped, with ``augmentations`` (built once, from the config's)."""
     train = config.train
@@ -161,14 +160,16 @@ def distributed_batches(strategy: tf.distribute.Strategy, train_set: DetectionSe
         shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
         # into the run's log: a worker that reads all the data (a strategy that did not see
         # its peers) shows as "1 of 1" on every worker
-        print(f"input pipeline {index + 1} of {shards}: {len(range(index, len(train_set.examples), shards))} "
-              f"of {len(train_set.examples)} training images", flush=True)
+        print(source.sharing_line(shards), flush=True)
+        print(f"input pipeline {index + 1} of {shards}: {source.share(shards, index, train.seed).size} of "
+              f"{len(source.box_counts)} training images", flush=True)
         return training_dataset(
-            train_set, spec, augmentations,
+            source, spec, augmentations,
             batch_size=input_context.get_per_replica_batch_size(train.batch_size),
-            seed=train.seed + 1000 * index,
+            seed=train.seed,
             shard=(shards, index),
             skip=step * (train.batch_size // shards),  # each pipeline gives its share of a step's batch
+            shuffle_buffer_size=config.data.shuffle_buffer_size,
         )
 
     return iter(strategy.distribute_datasets_from_function(input_fn))
