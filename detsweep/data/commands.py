@@ -39,6 +39,7 @@ def add_data_commands(commands: Any) -> argparse.ArgumentParser:
     inspect.add_argument("--label-map", metavar="PBTXT", help="an OD API label map (tfrecord, VOC)")
     _synthetic_arguments(inspect)
     inspect.add_argument("--skip-empty", action="store_true", help="drop images without boxes")
+    inspect.add_argument("--max-boxes", metavar="N", help="count what data.max_boxes N would cut")
     inspect.add_argument("--no-verify", dest="verify", action="store_false", help="do not read the image headers")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     return data
@@ -70,10 +71,17 @@ def inspect_command(args: argparse.Namespace) -> int:
     from detsweep.data import describe, format_description, load_dataset
 
     config = dataset_config(args, "detsweep data inspect", skip_empty=args.skip_empty or None)
+    max_boxes = max_boxes_flag(args.max_boxes)
     with console.working(f"reading {'and checking ' if args.verify else ''}{config.annotations or config.format}"):
-        description = describe(load_dataset(config, verify=args.verify))
+        description = describe(load_dataset(config, verify=args.verify), max_boxes)
     print(json.dumps(description) if args.json else format_description(description))
     return 0
+
+
+def max_boxes_flag(value: str | None) -> int | None:
+    from detsweep.config import DataConfig, validate
+
+    return validate(DataConfig, {"max_boxes": value}, source="detsweep data inspect").max_boxes if value else None
 
 
 def dataset_config(args: argparse.Namespace, source: str, **fixed: Any) -> DatasetConfig:

@@ -12,11 +12,16 @@ from .records import DetectionSet, describe_count, plural
 SKIPPED = {"skipped_empty_images": "empty_images", "dropped_zero_area_boxes": "zero_area_boxes"}
 
 
-def describe(dataset: DetectionSet) -> dict[str, Any]:
-    """A JSON-ready description; ``changes`` holds every count, ``skipped`` what was left out."""
+def describe(dataset: DetectionSet, max_boxes: int | None = None) -> dict[str, Any]:
+    """A JSON-ready description; ``changes`` holds every count, ``skipped`` what was left out,
+    ``max_boxes`` what training keeps of each image's boxes (with ``max_boxes``, what it cuts)."""
+    from .index import cut_by, cut_line
+
     per_category = np.zeros(len(dataset.categories), np.int64)
     for example in dataset.examples:
         per_category += np.bincount(example.labels, minlength=len(dataset.categories))
+    box_counts = [len(example.labels) for example in dataset.examples]
+    cut = cut_by(box_counts, max_boxes) if max_boxes else (0, 0)
     heights = [example.height for example in dataset.examples]
     widths = [example.width for example in dataset.examples]
     return {
@@ -29,6 +34,8 @@ def describe(dataset: DetectionSet) -> dict[str, Any]:
         "image_size": {"min": [min(heights), min(widths)], "max": [max(heights), max(widths)]},
         "skipped": {reason: dataset.counts[key] for key, reason in SKIPPED.items() if dataset.counts.get(key)},
         "changes": dict(dataset.counts),
+        "max_boxes": {"most": max(box_counts, default=0), "cut_images": cut[0], "cut_boxes": cut[1],
+                      "line": cut_line(box_counts, max_boxes)},
     }
 
 
@@ -50,7 +57,7 @@ def format_description(description: dict[str, Any]) -> str:
     changes = [describe_count(key, value) for key, value in description["changes"].items()]
     if changes:
         lines += ["", "loading changed:"] + [f"  {change}" for change in changes]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", description["max_boxes"]["line"]])
 
 
 def _sizes(size: dict[str, list[int]]) -> str:
