@@ -196,6 +196,7 @@ def train_command(args: argparse.Namespace) -> int:
     out = console.take_over(args.json, args.verbose)  # with --json, the progress lines go to stderr
     # a local cluster: what it will hold is known before it starts
     cleared = preflight(Preflight(config, args.config, capacity=None if joins else this_machine()))
+    config = cleared.config  # its bucket data's version fixed
     for line in cleared.notes + cleared.summaries:
         print(line, file=console.err())
     name = args.name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -53,6 +53,7 @@ def finetune(request: FineTuneRequest, address: str | None = None, storage_path:
         config = fine_tune_config(request, source, backend)
         # Ray Train (a second to import) loads only once the source and config above passed
         cleared = preflight(Preflight(config, request.config_path or request.source))
+        config = cleared.config  # its bucket data's version fixed
     from detsweep.cluster import connect
     from detsweep.tracking.backend import trial_environment, use_writer_settings
     from detsweep.trainables.request import TrainingRequest

@@ -17,6 +17,7 @@ from detsweep.data import streamed as streamed_module
 from detsweep.data.pipeline import shuffled_examples, training_dataset
 from detsweep.data.processing import InputSpec
 from detsweep.data.streamed import StreamedRecords
+from detsweep.errors import DetsweepError
 
 from .conftest import RACCOON
 from .test_data import png, write_record
@@ -192,3 +193,50 @@ def test_max_boxes_cuts_are_counted_and_said(tmp_path, capsys):
     result = run_here("data", "inspect", "--format", "tfrecord", "--annotations", str(path), "--max-boxes", "3")
     assert result.returncode == 0, result.stderr
     assert "data.max_boxes: 3 cuts 4 boxes of 2 images (the most boxes a training image has is 5)" in result.stdout
+
+
+def test_a_bucket_copy_is_keyed_by_content_and_a_relabel_under_the_same_uri_is_a_new_copy(s3, tmp_path, monkeypatch):
+    from detsweep.data.remote import content_version, local_copy, pinned, with_local_copies
+
+    for name, value in {**s3.env, "DETSWEEP_DATA_CACHE": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(name, value)
+    bucket = s3.new_bucket("relabelled")
+    folder = tmp_path / "upload"
+    folder.mkdir()
+    (folder / "test.record").write_bytes(RECORD.read_bytes())
+    (folder / "map.pbtxt").write_text("item { id: 1 name: 'raccoon' }")
+    uri = s3.upload(folder, bucket, "raccoon")
+    config = DatasetConfig(format="tfrecord", annotations=f"{uri}/test.record", label_map=f"{uri}/map.pbtxt")
+    launched = pinned(config)  # the driver, at launch
+    assert launched.version and config.version is None
+    from detsweep.config import TrialConfig, validate
+    from detsweep.preflight import Preflight, preflight
+
+    trial = validate(TrialConfig, {"optimizer": {"type": "momentum"}, "data": {"train": config.model_dump(exclude_none=True)}},
+                     source="trial.yaml")
+    cleared = preflight(Preflight(trial, "trial.yaml"))  # what launch, train and finetune check, then train on
+    assert cleared.config.data.train.version == launched.version
+    assert cleared.summaries == [f"{uri}/test.record: sampled 4 records (the first 4 of each of 1 file): 4 boxes, "
+                                 "every image decoded, every class in the label map; each node indexes the rest once"]
+    first = with_local_copies(launched)  # a node
+    assert dataset_categories(launched)[0].name == "raccoon"
+
+    # relabelled under the same URI: a node of the launched sweep refuses, in one line, to train on it
+    s3.client().put_object(Bucket=bucket, Key="raccoon/map.pbtxt", Body=b"item { id: 1 name: 'procyon' }")
+    with pytest.raises(DetsweepError) as refused:
+        with_local_copies(launched)
+    assert str(refused.value).startswith("data: found its bucket data at version ") and "\n" not in str(refused.value)
+    assert "the version the run was launched with" in str(refused.value)
+    # a new launch fixes the new version: a new copy beside the old one, which stays whole
+    relaunched = pinned(config)
+    assert relaunched.version != launched.version
+    second = with_local_copies(relaunched)
+    assert second.label_map != first.label_map and second.annotations == first.annotations  # the records did not change
+    assert dataset_categories(relaunched)[0].name == "procyon"
+    assert Path(first.label_map).read_text() == "item { id: 1 name: 'raccoon' }"
+    # a folder: keyed by every object's ETag under it
+    version = content_version(uri, "data.images")
+    assert [key for key, _ in version.entries] == ["map.pbtxt", "test.record"] and version.folder
+    copied = Path(local_copy(uri, version, "data.images"))
+    assert sorted(path.name for path in copied.iterdir()) == ["map.pbtxt", "test.record"]
+    assert content_version(f"{uri}/map.pbtxt", "x").digest != content_version(f"{uri}/test.record", "x").digest

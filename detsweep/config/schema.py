@@ -189,6 +189,9 @@ class DatasetConfig(Section):
     subset: tuple[NonNegInt, NonNegInt] | None = Field(
         None, description="[start, stop): only these images, in the reader's order (file names for VOC)"
     )
+    version: str | None = Field(
+        None, description="set at launch for data in a bucket: its content's version (S3's ETags), the one every "
+                          "node trains on; a node that finds another refuses")
 
     @model_validator(mode="after")
     def _check_paths_for_format(self) -> DatasetConfig:

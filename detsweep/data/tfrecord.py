@@ -53,10 +53,10 @@ def read_tfrecord(config: DatasetConfig, verify: bool = True) -> DetectionSet:
                     verify=verify, skip_empty=config.skip_empty, subset=config.subset)
 
 
-def sample_tfrecord(config: DatasetConfig, per_file: int = 4) -> str:
-    """The driver's check of a TFRecord set, without reading it whole: the files exist, the first
-    ``per_file`` records of each parse, their images decode and the label map covers their classes.
-    One line that says it sampled."""
+def sample_tfrecord(config: DatasetConfig, named: str, per_file: int = 4) -> str:
+    """The driver's check of a TFRecord set (its local copy), without reading it whole: the files
+    exist, the first ``per_file`` records of each parse, their images decode and the label map
+    covers their classes. One line, on ``named``, that says it sampled."""
     from itertools import islice
 
     label_map = read_label_map(config.label_map) if config.label_map else None
@@ -68,7 +68,7 @@ def sample_tfrecord(config: DatasetConfig, per_file: int = 4) -> str:
     counts: Counter = Counter()
     examples = to_examples(records, record_categories(records, label_map, config.label_map), counts, verify=True)
     boxes = sum(len(example.labels) for example in examples)
-    return (f"{config.annotations}: sampled {len(records)} records (the first {per_file} of each of "
+    return (f"{named}: sampled {len(records)} records (the first {per_file} of each of "
             f"{len(files)} {'file' if len(files) == 1 else 'files'}): {boxes} {'box' if boxes == 1 else 'boxes'}, "
             "every image decoded, every class in the label map; each node indexes the rest once")
 

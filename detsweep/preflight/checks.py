@@ -47,6 +47,7 @@ class Cleared:
     notes: list[str]
     summaries: list[str]
     plan: Any = None  # detsweep.train.warm_start.WarmStartPlan
+    config: TrialConfig | None = None  # the config checked, its bucket data's version fixed: what to train
 
 
 def preflight(checks: Preflight) -> Cleared:
@@ -67,8 +68,9 @@ def preflight(checks: Preflight) -> Cleared:
     notes += preset(checks)
     if not checks.read_data:
         return Cleared(notes + locate_data(checks), [])
+    config = with_data_versions(config, f"{where}: {checks.prefix}")
     summaries = read_data(config)
-    return Cleared(notes, summaries, check_fit(config, where) if config.train.fine_tune else None)
+    return Cleared(notes, summaries, check_fit(config, where) if config.train.fine_tune else None, config)
 
 
 def check_new_sweep(sweep_file: str, where: str) -> None:
@@ -137,6 +139,16 @@ def locate_data(checks: Preflight) -> list[str]:
     return notes
 
 
+def with_data_versions(config: TrialConfig, where: str) -> TrialConfig:
+    """``config`` with the version its bucket data has now, the one every node will train on."""
+    from detsweep.data.remote import pinned
+
+    data = config.data
+    fixed = {split: pinned(getattr(data, split), f"{where}data.{split}") for split in ("train", "val")
+             if getattr(data, split) is not None}
+    return config.model_copy(update={"data": data.model_copy(update=fixed)})
+
+
 def read_data(config: TrialConfig) -> list[str]:
     """Read and verify the datasets once, on the driver, so that workers can trust them;
     one summary line per dataset (what was clipped, dropped, converted)."""
@@ -148,7 +160,7 @@ def read_data(config: TrialConfig) -> list[str]:
     for name, dataset in (("data.train", config.data.train), ("data.val", config.data.val)):
         if dataset is not None and dataset.format == "tfrecord" and name == "data.train":
             with console.working(f"sampling {name} (tfrecord)"):  # COCO's are 19 GB: the nodes stream them
-                summaries.append(sample_tfrecord(with_local_copies(dataset)))
+                summaries.append(sample_tfrecord(with_local_copies(dataset), named=dataset.annotations))
         elif dataset is not None:
             with console.working(f"reading and checking {name} ({dataset.format})"):
                 summaries.append(load_dataset(dataset, verify=True).summary_line())

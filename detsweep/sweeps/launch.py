@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from detsweep import console
@@ -125,6 +125,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
                                   earlier_sweep=f"{experiment_path(sweep)}/{SWEEP_FILE}",
                                   capacity=given or (None if joins else this_machine()), backend=backend,
                                   varied=varied(sweep)))
+    sweep = replace(sweep, base=cleared.config)  # its bucket data's version fixed for every trial
     for line in cleared.notes + cleared.summaries:
         console.say(line)
     # before Ray starts and any trial trains: no training beside the measurements
