@@ -19,6 +19,7 @@ BENCHMARKS = {
     "allocator": ["bench.allocator"],
     "startup": ["bench.startup"],
     "input_pipeline": ["bench.input_pipeline"],
+    "data_memory": ["bench.data_memory"],
     "zoo_retinanet": ["bench.zoo_retinanet"],
     "int8_export": ["bench.int8_export"],
     "scaling": ["bench.scaling"],

@@ -16,7 +16,7 @@ from .conftest import REPO, run_bounded
 
 # What each benchmark of ``bench.run_all`` records, by its name there.
 RECORDS = {"allocator": {"allocator"}, "input_pipeline": {"input_pipeline"}, "zoo_retinanet": {"zoo_retinanet"},
-           "tracking_server": {"tracking_server"}}
+           "tracking_server": {"tracking_server"}, "data_memory": {"data_memory"}}
 
 
 # Benchmarks another test runs (and checks the record of) as its own fixture: not twice.
@@ -52,7 +52,7 @@ def smoked(tmp_path_factory) -> dict:
         command = [sys.executable, "-m", "bench.run_all", "--smoke", "--only", benchmark, "--out", str(out)]
         return run_bounded(command, cwd=REPO), out
 
-    names = ["tracking_server", "input_pipeline", "zoo_retinanet", "allocator"]
+    names = ["tracking_server", "input_pipeline", "zoo_retinanet", "data_memory", "allocator"]
     assert sorted(names) == sorted(RECORDS)
     return dict(zip(names, side_by_side([lambda name=name: smoke(name) for name in names])))
 
@@ -89,7 +89,14 @@ def tracking_server(results: dict) -> None:
     assert [row[0] for row in rows] == ["MLflow's default (no credential cache)", "as shipped (credentials cached 60 s)"]
 
 
-SPECIFIC = {"allocator": allocator, "tracking_server": tracking_server}
+def data_memory(results: dict) -> None:
+    # each size streamed, the first held whole too, and the estimate is the notes' sum
+    rows = results["data_memory"]["rows"][1:]
+    assert [row[2] for row in rows[:3]] == ["streamed", "in memory", "streamed"] and rows[0][0] < rows[2][0]
+    assert results["data_memory"]["targets"][1]["what"] == "a GPU worker's host memory on COCO (estimate)"
+
+
+SPECIFIC = {"allocator": allocator, "tracking_server": tracking_server, "data_memory": data_memory}
 
 
 def test_the_gpu_benchmark_refuses_a_machine_without_gpus_in_one_line(tmp_path):

@@ -121,41 +121,32 @@ def record_index(files: list[str], say: Callable[[str], None] = print) -> Record
 
 def index_records(files: list[str]) -> RecordIndex:
     """One pass over ``files``: every record's labels and box corners parsed, nothing else."""
-    boxes, ids, names, texts = [], {}, {}, {}
-    for path in files:
-        counts: list[int] = []
-        try:
-            for batch in _parsed_batches(path):
-                for record in batch:
-                    origin = f"{path}: record {len(counts)}"
-                    _check_lengths(record, origin)
-                    labels, row_texts = record["label"], record["text"]
-                    for position, category_id in enumerate(labels):
-                        if category_id not in ids:
-                            ids[category_id] = origin
-                        if position < len(row_texts) and row_texts[position] and category_id not in names:
-                            names[category_id] = row_texts[position].decode("utf-8", "replace")
-                    if not labels:
-                        for text in row_texts:
-                            texts.setdefault(text.decode("utf-8", "replace"), origin)
-                    counts.append(training_box_count(record))
-        except _Unparsed:
-            _name_the_bad_record(path)  # raises with the record's number; else the whole file is odd
-            raise DetsweepError(f"{path}: found records TensorFlow cannot parse, expected tf.train.Example records "
-                                "of the OD API") from None
-        boxes.append(tuple(counts))
-    return RecordIndex(tuple(files), tuple(boxes), ids, names, texts)
+    counts: list[list[int]] = [[] for _ in files]
+    ids, names, texts = {}, {}, {}
+    for file, batch in _parsed_batches(files):
+        for record in batch:
+            origin = f"{files[file]}: record {len(counts[file])}"
+            _check_lengths(record, origin)
+            labels, row_texts = record["label"], record["text"]
+            for position, category_id in enumerate(labels):
+                if category_id not in ids:
+                    ids[category_id] = origin
+                if position < len(row_texts) and row_texts[position] and category_id not in names:
+                    names[category_id] = row_texts[position].decode("utf-8", "replace")
+            if not labels:
+                for text in row_texts:
+                    texts.setdefault(text.decode("utf-8", "replace"), origin)
+            counts[file].append(training_box_count(record))
+    return RecordIndex(tuple(files), tuple(tuple(file_counts) for file_counts in counts), ids, names, texts)
 
 
-class _Unparsed(Exception):
-    pass
-
-
-def _parsed_batches(path: str):
-    """``path``'s records, ``BATCH`` at a time: per record its box corners, labels, texts and crowd flags."""
+def _parsed_batches(files: list[str]):
+    """``(file number, records)``, ``BATCH`` records at a time, file after file: per record its box
+    corners, labels, texts and crowd flags. One pipeline for every file (a pipeline per file
+    would trace its parsing once per file)."""
     import tensorflow as tf
 
-    from .tfrecord import od_api_features
+    from .tfrecord import _op_message, od_api_features
 
     keys = [key for key in od_api_features() if key.startswith("image/object/")]
 
@@ -163,18 +154,21 @@ def _parsed_batches(path: str):
         features = tf.io.parse_example(serialized, {key: od_api_features()[key] for key in keys})
         return {key: tf.RaggedTensor.from_sparse(features[key]) for key in keys}
 
-    count = 0
-    try:
-        for batch in tf.data.TFRecordDataset(path).batch(BATCH).map(parse):
-            columns = {key.rsplit("/", 1)[-1]: value.to_list() for key, value in batch.items()}
-            yield [dict(zip(columns, row)) for row in zip(*columns.values())]
-            count += BATCH
-    except tf.errors.DataLossError as error:
-        from .tfrecord import _op_message
+    def batches(number, path):
+        return tf.data.TFRecordDataset(path).batch(BATCH).map(parse).map(lambda batch: (number, batch))
 
-        raise DetsweepError(f"{path}: corrupt TFRecord file after about {count} records: {_op_message(error)}") from None
-    except tf.errors.InvalidArgumentError:
-        raise _Unparsed() from None
+    file = 0
+    data = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), tf.constant(files))).flat_map(batches)
+    try:
+        for number, batch in data:
+            file = int(number)
+            columns = {key.rsplit("/", 1)[-1]: value.to_list() for key, value in batch.items()}
+            yield file, [dict(zip(columns, row)) for row in zip(*columns.values())]
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+        for path in files[file:]:
+            _name_the_bad_record(path)  # raises, naming the file and the record
+        raise DetsweepError(f"{files[file]}: found records TensorFlow cannot read ({_op_message(error)}), expected "
+                            "tf.train.Example records of the OD API") from None
 
 
 def training_box_count(record: dict) -> int:
@@ -203,6 +197,7 @@ def _check_lengths(record: dict, origin: str) -> None:
 
 
 def _name_the_bad_record(path: str) -> None:
+    """Raises naming ``path``'s first record that cannot be read or parsed, if it has one."""
     from .tfrecord import parse_record, read_records
 
     for number, raw in enumerate(read_records(path)):
