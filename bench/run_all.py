@@ -20,6 +20,7 @@ BENCHMARKS = {
     "startup": ["bench.startup"],
     "input_pipeline": ["bench.input_pipeline"],
     "data_memory": ["bench.data_memory"],
+    "evaluation_cost": ["bench.evaluation_cost"],
     "zoo_retinanet": ["bench.zoo_retinanet"],
     "int8_export": ["bench.int8_export"],
     "scaling": ["bench.scaling"],

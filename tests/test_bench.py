@@ -16,7 +16,8 @@ from .conftest import REPO, run_bounded
 
 # What each benchmark of ``bench.run_all`` records, by its name there.
 RECORDS = {"allocator": {"allocator"}, "input_pipeline": {"input_pipeline"}, "zoo_retinanet": {"zoo_retinanet"},
-           "tracking_server": {"tracking_server"}, "data_memory": {"data_memory"}}
+           "tracking_server": {"tracking_server"}, "data_memory": {"data_memory"},
+           "evaluation_cost": {"evaluation_cost"}}
 
 
 # Benchmarks another test runs (and checks the record of) as its own fixture: not twice.
@@ -52,7 +53,7 @@ def smoked(tmp_path_factory) -> dict:
         command = [sys.executable, "-m", "bench.run_all", "--smoke", "--only", benchmark, "--out", str(out)]
         return run_bounded(command, cwd=REPO), out
 
-    names = ["tracking_server", "input_pipeline", "zoo_retinanet", "data_memory", "allocator"]
+    names = ["tracking_server", "input_pipeline", "zoo_retinanet", "data_memory", "evaluation_cost", "allocator"]
     assert sorted(names) == sorted(RECORDS)
     return dict(zip(names, side_by_side([lambda name=name: smoke(name) for name in names])))
 
@@ -96,7 +97,13 @@ def data_memory(results: dict) -> None:
     assert results["data_memory"]["targets"][1]["what"] == "a GPU worker's host memory on COCO (estimate)"
 
 
-SPECIFIC = {"allocator": allocator, "tracking_server": tracking_server, "data_memory": data_memory}
+def evaluation_cost(results: dict) -> None:
+    # faster-coco-eval's figures are pycocotools' on the benchmark's own detections
+    assert results["evaluation_cost"]["targets"][0]["met"] is True
+
+
+SPECIFIC = {"allocator": allocator, "tracking_server": tracking_server, "data_memory": data_memory,
+            "evaluation_cost": evaluation_cost}
 
 
 def test_the_gpu_benchmark_refuses_a_machine_without_gpus_in_one_line(tmp_path):

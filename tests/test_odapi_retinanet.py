@@ -193,6 +193,20 @@ def test_the_decoded_boxes_undo_the_box_coders_scales():
     assert np.allclose(found["boxes"][0, 0].numpy(), box[0, 0], atol=0.5), found["boxes"][0, 0]
 
 
+def test_images_whose_every_box_row_is_a_box_encode_under_the_forced_match():
+    """A batch padded to its most boxes has images with no padding row: keras-hub's matcher,
+    forcing a match for each box, then sends an anchor to a column past the boxes; the losses'
+    encoding keeps one padding row, and each box is matched."""
+    from detsweep.models import RetinaNetLosses, build_retinanet
+
+    config = zoo_model()
+    losses = RetinaNetLosses(build_retinanet(config, num_classes=2), config)
+    boxes = np.array([[[10.0, 10.0, 60.0, 60.0]], [[40.0, 50.0, 120.0, 110.0]]], np.float32)
+    encoded = losses.encode(np.zeros((2, 128, 128, 3), np.float32), {"boxes": boxes, "labels": np.array([[0.0], [1.0]], np.float32)})
+    assert np.isfinite(np.asarray(encoded["box_targets"])).all()
+    assert [sorted(set(np.asarray(row).tolist()) - {-1.0, -2.0}) for row in encoded["class_targets"]] == [[0.0], [1.0]]
+
+
 def test_the_imported_zoo_retinanet_trains_five_steps_at_256_px_on_one_batch_of_real_photos(tmp_path):
     """The zoo's network as imported (ResNet-50, levels 3-7, 640 px stretched) at 256 px: five
     steps on one fixed batch of two raccoon photos (the TFRecord's first two, unaugmented),

@@ -74,6 +74,21 @@ def test_scale_crop_shrink_pads_later_and_scales_boxes():
     np.testing.assert_allclose(shrunk["boxes"].numpy()[valid], element["boxes"].numpy()[valid] * 0.5, atol=1e-4)
 
 
+@pytest.mark.parametrize(("images", "replicas", "shares"), [
+    (5, 1, [[1, 3, 5, -1], [2, 4, -1, -1]]),  # batches of 2: as many on each pipeline
+    (5, 2, [[1, 3, 5, -1], [2, 4, -1, -1]]),  # each step a batch on each of 2 devices
+    (6, 2, [[1, 3, 5, -1], [2, 4, 6, -1]]),
+    (1, 1, [[1, -1], [-1, -1]]),  # fewer images than pipelines: the second is all filler
+])
+def test_each_evaluation_pipeline_reads_its_share_once_in_as_many_batches(images, replicas, shares):
+    from detsweep.data.pipeline import evaluation_dataset
+
+    dataset = generate_synthetic(images, 32, 3, seed=5)
+    read = [[int(i) for _, meta in evaluation_dataset(dataset, InputSpec(image_size=32), 2, (2, index), replicas)
+             for i in meta["image_id"]] for index in range(2)]
+    assert read == shares
+
+
 @pytest.mark.parametrize("data, found", [
     ("{train: {format: coco, annotations: gt.json, images: images}}", ("gone.jpg", "not found")),
     ("{train: {format: tfrecord, annotations: 'train.record-?????-of-00010'}}",

@@ -57,6 +57,38 @@ def replay(quickstart: str = "quickstart (sweeps/quickstart.yaml)") -> tuple:
             settings["seeds"], best_at_40, recorded)
 
 
+def data_memory() -> tuple:
+    peak = {(cells[0], cells[2]): cells[3] for cells in entry("data_memory")["rows"][1:]}
+    estimate = entry("data_memory")["targets"][1]["measured"]
+    return (f"{peak[(1000, 'streamed')]:.0f}", f"{peak[(20000, 'streamed')]:.0f}", f"{peak[(5000, 'in memory')]:.0f}",
+            f"{estimate:.1f}")
+
+
+def evaluation() -> tuple:
+    here = {cells[0]: cells[1] for cells in entry("evaluation_cost")["rows"][1:]}
+    return (f"{here['inference, s an image, batch 8 (pipeline, network, to COCO' + chr(39) + 's form)']:.2f}",
+            f"{here['input pipeline alone, s an image']:.4f}", f"{here['detections to COCO' + chr(39) + 's form, s an image']:.4f}",
+            f"{here['COCOeval on 5 000 images, pycocotools, s']:.0f}",
+            f"{here['COCOeval on 5 000 images, faster-coco-eval, s']:.0f}")
+
+
+def evaluation_shares() -> tuple:
+    rows = {cells[0]: cells[1:] for cells in entry("evaluation_cost")["rows"][1:]}
+    before = rows["share of the trial's time: as before (pycocotools, batch 8)"]
+    faster = rows["share of the trial's time: faster-coco-eval"][1]
+    return percent(before[0]), percent(before[1]), percent(faster)
+
+
+def evaluation_levers() -> tuple:
+    rows = {cells[0]: cells[1:] for cells in entry("evaluation_cost")["rows"][1:]}
+    sharded = "share of the trial's time: faster-coco-eval, inference sharded over 2 workers (built; at a GPU's speed an estimate)"
+    [read] = [cells for name, cells in rows.items() if name.startswith("an async evaluation's start: val set")]
+    actor = ("an evaluator actor keeping the model and val set (not built): the start it saves, share of an evaluation "
+             "with faster-coco-eval")
+    rebuilt = rows["an async evaluation's start: model rebuilt from the checkpoint, s"][0]
+    return percent(rows[sharded][1]), f"{rebuilt:.1f}", f"{read[0]:.2f}", percent(rows[actor][1])
+
+
 def tracking_load() -> tuple:
     settings = entry("tracking_load")["settings"]
     value = {cells[0]: cells[1] for cells in entry("tracking_load")["rows"][1:]}
@@ -120,6 +152,27 @@ CLAIMS: list[tuple[str, Callable[[], tuple]]] = [
      lambda: (entry("tracking_load")["settings"]["actors"], entry("tracking_load")["settings"]["trials"])),
     ("Most of the time goes to Ray starting trials ({} s each here from Tune asking",
      lambda: (f"{row('startup_1w', '**Tune asks → first step at Tune**')[1]:.1f}",)),
+    ("One epoch of generated COCO-sized records (640 × 480 JPEGs of about 160 KB) streamed at a buffer of 1 000 "
+     "peaked at {} MB with 1 000 records and {} MB with 20 000, where the same records held whole took {} MB at "
+     "5 000 (`bench/RESULTS.md`, `data_memory`). A GPU worker training on COCO is estimated at {} GiB of host "
+     "memory: that peak, which does not grow with the records, the network with its optimizer's slots and moving "
+     "average on the host (on a GPU they live on the device), and rank 0's val set of 5 000 images held whole for "
+     "evaluation.", data_memory),
+    ("An evaluation of val2017's 5 000 images, timed here on 300 generated ones: {} s an image for a whole pass on "
+     "2 CPUs, {} s an image for the input pipeline and {} s for the detections' conversion to COCO's form; COCOeval "
+     "on 5 000 images' detections took {} s with pycocotools and {} s with faster-coco-eval", evaluation),
+    ("For the COCO recipe (raw and averaged weights evaluated every 2 500 steps of 64 images on two workers), an "
+     "evaluation's share of the trial's time is {} here and, at a GPU's speed, {} with pycocotools and {} with "
+     "faster-coco-eval (`bench/RESULTS.md`, `evaluation_cost`; no GPU here, so the network's GPU throughput is "
+     "assumed there, 100 images/s evaluating and 40 images/s training a GPU, and every CPU-bound part is as "
+     "measured).", evaluation_shares),
+    ("An inline evaluation is sharded over the trial's workers, each detecting on its share, which brings the recipe's "
+     "share at a GPU's speed to an estimated {} (inference divided over its two workers; no GPU here to measure it). "
+     "`train.evaluation: async` takes evaluations off the training's path (no worker waits) at the cost of one more "
+     "worker's resources (its GPU, with `use_gpu`) while each runs; each rebuilds the model ({} s here) and reads the "
+     "val set ({} s for 300 images) before its first image, which an evaluator that kept them (an actor, holding a "
+     "worker's resources for the whole trial) would save: {} of an evaluation at a GPU's speed, so it is not built.",
+     evaluation_levers),
 ]
 
 # README's phrases whose figures are settings, limits, versions or rules, not measurements.
@@ -148,6 +201,8 @@ SETTINGS = [
     "within 5 % of each other",
     "more than one AP point (0.01)",
     "Optuna 5.1 passed so before the lock took it; MLflow 3.18 cannot be installed",
+    "COCO's TFRecords are about 19 GB; `ray_cluster.yaml` gives each node a 200 GB volume",
+    "TensorFlow 2.21 reads no `s3://` itself",
     "(waiting up to 15 s for them all, a monitor still starting included, before the up to 60 s it gives its "
     "run's own writes)",
 ]

@@ -61,7 +61,7 @@ def every_image() -> set[str]:
 def test_two_pipelines_read_every_record_once_an_epoch(tmp_path, every_image, shards):
     source = records(split_into(tmp_path / "records", shards))
     assert source.sharing_line(2).startswith("data.train: 4 TFRecord files shared by file" if shards == 4 else
-                                             "data.train: 1 TFRecord files for 2 pipelines: each reads every file")
+                                             "data.train: 1 TFRecord file for 2 pipelines: each reads every file")
     for epoch in (0, 3):
         read = [one_epoch(source.share(2, index, seed=index), epoch) for index in range(2)]
         assert len(read[0]) == source.share(2, 0, seed=0).size and len(read[1]) == source.share(2, 1, seed=1).size

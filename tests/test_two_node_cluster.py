@@ -370,7 +370,9 @@ def test_a_pbt_sweep_by_ray_job_submit_on_data_in_a_bucket_continues_from_the_be
                for t in report["trials"])
     assert report["mlflow"]["tracking_uri"] == job_db and (tmp_path / "job.db").exists()
     assert seen.stop() == cluster.nodes
-    assert "16 images" in job.stdout and (cache / "s3" / bucket / "datasets" / "shapes" / "images").is_dir()
+    assert "16 images" in job.stdout, job.stdout[-5000:]
+    # the nodes' copy of the images, keyed by the objects' ETags
+    assert [copy.is_dir() for copy in (cache / "s3" / bucket / "datasets" / "shapes").glob("images@*")] == [True]
     # `status` of the sweep, and a fine-tune from a checkpoint the bucket lacks (refused)
     status = run_here("status", report["path"], "--json", cwd=tmp_path, env=s3.env)
     missing = run_cli("finetune", "--from", f"checkpoint:s3://{bucket}/ray/nothing", cwd=tmp_path, env=s3.env,

@@ -473,6 +473,9 @@ class TrainConfig(Section):
         "inline", description="inline: rank 0 evaluates between loops while the other workers wait; "
                               "async: each evaluation step saves a checkpoint that a Ray task evaluates "
                               "(one worker's resources) while training goes on")
+    eval_batch_size: PosInt = Field(8, description="images each device runs through the model at once when "
+                                                   "evaluating (the OD API's eval_config.batch_size; inline, "
+                                                   "each worker takes a share of the val set)")
     mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
     gradient_clipping_by_norm: NonNegFloat = Field(0.0, description="0: no clipping (as in the OD API)")
     jit_compile: bool = Field(False, description="XLA: each replica's forward and backward pass compiled "

@@ -12,7 +12,7 @@ absolute pixels (ymin, xmin, ymax, xmax) of the resized image; ``scale`` and ``i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -128,7 +128,8 @@ class InMemory:
         return _InMemoryShare(self, count, index, seed)
 
     def sharing_line(self, count: int) -> str:
-        return f"{self.dataset.source}: {len(self.dataset.examples)} images in memory; each of {count} pipelines keeps 1 in {count}"
+        held = f"{self.dataset.source}: {len(self.dataset.examples)} images in memory"
+        return held if count == 1 else f"{held}, each of {count} pipelines keeps 1 in {count}"
 
 
 class _InMemoryShare:
@@ -202,16 +203,26 @@ def shuffled_examples(share: Share, seed: int, skip: int, shuffle_buffer_size: i
     return tf.data.Dataset.range(start, EPOCHS).flat_map(one_epoch).skip(within)
 
 
-def evaluation_dataset(dataset: DetectionSet, spec: InputSpec, batch_size: int) -> tf.data.Dataset:
-    """Every image once, in order, every box kept: ``(images, {"image_id", "scale", "image_shape", "boxes", "labels"})``
-    batches of exactly ``batch_size`` (the evaluator traces one static batch shape); the last one is
-    filled up with copies of the first image whose ``image_id`` is -1 and which have no boxes.
-    Boxes and labels are the training pipeline's targets (resized pixels, float labels, -1 padding)."""
+def evaluation_dataset(dataset: DetectionSet, spec: InputSpec, batch_size: int,
+                       shard: tuple[int, int] = (1, 0), replicas: int = 1) -> tf.data.Dataset:
+    """Pipeline ``index`` of ``count``'s images (``shard``; every ``count``-th from ``index``),
+    each once, in order, every box kept: ``(images, {"image_id", "scale", "image_shape", "boxes",
+    "labels"})`` batches of exactly ``batch_size`` (a traced step takes one static batch shape),
+    as many on every pipeline and a multiple of the ``replicas`` it feeds (each collective step
+    takes a batch on every replica). The batches are filled up with copies of the share's first
+    image whose ``image_id`` is -1 and which have no boxes. Boxes and labels are the training
+    pipeline's targets (resized pixels, float labels, -1 padding)."""
+    count, index = shard
     from_files = dataset.examples[0].encoded is None
-    tensors = to_tensors(dataset, max(1, max(len(example.labels) for example in dataset.examples)))  # every box
-    filler = -len(dataset.examples) % batch_size
-    tensors = {key: np.concatenate([column, np.repeat(column[:1], filler, axis=0)]) for key, column in tensors.items()}
-    fillers = slice(len(tensors["image_id"]) - filler, None)
+    examples = dataset.examples[index::count]
+    per_step = batch_size * replicas
+    size = -(-len(dataset.examples) // (count * per_step)) * per_step  # every pipeline's
+    # a share may be empty (fewer images than pipelines): it is all filler
+    share = replace(dataset, examples=examples or dataset.examples[:1])
+    tensors = to_tensors(share, max(1, max(len(example.labels) for example in dataset.examples)))  # every box
+    tensors = {key: np.concatenate([column, np.repeat(column[:1], size - len(column), axis=0)])
+               for key, column in tensors.items()}
+    fillers = slice(len(examples), None)
     tensors["image_id"][fillers], tensors["labels"][fillers], tensors["boxes"][fillers] = -1, -1, -1.0
     data = tf.data.Dataset.from_tensor_slices(tensors)
     data = data.map(lambda e: pad_and_normalise(decode_and_resize(e, spec, from_files), spec),

@@ -24,7 +24,7 @@ from detsweep.config import DatasetConfig
 
 from .index import RecordIndex, record_index
 from .labelmap import LabelMap, read_label_map
-from .records import Category
+from .records import Category, plural
 from .tfrecord import od_api_features, record_files
 
 CYCLE_LENGTH = 8  # files read at once by a worker (the OD API's num_readers is 64, on bigger hosts)
@@ -79,14 +79,13 @@ class StreamedRecords:
         return RecordShare(self, tuple(pieces), count, _size(counts, self.skip_empty), seed)
 
     def sharing_line(self, count: int) -> str:
-        files = len(self.index.files)
+        files, pipelines = plural(len(self.index.files), "TFRecord file"), plural(count, "pipeline")
         if self.subset:
-            return (f"data.train: subset {list(self.subset)} of {files} TFRecord files: {count} pipelines read it "
-                    f"whole, each keeps 1 record in {count}")
-        if files >= count:
-            return f"data.train: {files} TFRecord files shared by file among {count} pipelines"
-        return (f"data.train: {files} TFRecord files for {count} pipelines: each reads every file and keeps 1 record "
-                f"in {count} (shard the records into at least {count} files to read each once)")
+            return f"data.train: subset {list(self.subset)} of {files}: {pipelines} read it whole, each keeps 1 record in {count}"
+        if len(self.index.files) >= count:
+            return f"data.train: {files} shared by file among {pipelines}"
+        return (f"data.train: {files} for {pipelines}: each reads every file and keeps 1 record in {count} (shard the "
+                f"records into at least {count} files to read each once)")
 
 
 @dataclass(frozen=True)

@@ -83,9 +83,11 @@ class RetinaNetLosses:
     def encode(self, images: tf.Tensor, targets: dict, image_weights: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         """The detector's targets for each anchor, and which anchors count: no weights are read,
         so this may run apart from the forward pass (outside XLA, see :mod:`detsweep.train.step`)."""
-        box_targets, class_targets = self.detector.label_encoder(
-            images=images, gt_boxes=targets["boxes"], gt_classes=targets["labels"]
-        )
+        # keras-hub's matcher, forcing a match for each box, sends an anchor no real box claims to
+        # its own sentinel column (out of range) unless some column is padding: one always is.
+        boxes = ops.pad(targets["boxes"], [[0, 0], [0, 1], [0, 0]], constant_values=-1.0)
+        labels = ops.pad(targets["labels"], [[0, 0], [0, 1]], constant_values=-1)
+        box_targets, class_targets = self.detector.label_encoder(images=images, gt_boxes=boxes, gt_classes=labels)
         # As in keras-hub: -1 marks background anchors, -2 ignored ones (IoU between thresholds).
         counted = 1.0 if image_weights is None else ops.cast(image_weights, "float32")[:, None]
         return {"box_targets": box_targets, "class_targets": class_targets,

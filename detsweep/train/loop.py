@@ -74,10 +74,10 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     keras.utils.set_random_seed(train.seed)
     config = preset_trial_config(config)  # a detector preset's architecture wins
     train_source = training_source(config.data)
-    # Inline, only rank 0 evaluates; the others wait for it at their next collective (a step, or
-    # the report). Async, each evaluation is of a checkpoint, elsewhere, and nobody waits.
+    # Inline, every worker detects on its share of the val set and rank 0 scores them all.
+    # Async, each evaluation is of a checkpoint, elsewhere, and nobody waits.
     inline = train.evaluation == "inline"
-    val_set = load_dataset(config.data.val, verify=False) if config.data.val and inline and context.rank == 0 else None
+    val_set = load_dataset(config.data.val, verify=False) if config.data.val and inline else None
     spec = InputSpec.of(config.model)
     startup.mark("data")
     state, losses, restored = starting_state(strategy, config, context, len(train_source.categories))
@@ -89,7 +89,11 @@ def run_training(config: TrialConfig, report: Reporter, context: WorkerContext =
     batches = distributed_batches(strategy, train_source, spec, config, step, augmentations)
     train_loop = make_train_loop(strategy, state.model, losses, state.optimizer, state.moving_average, state.step,
                                  jit_compile=train.jit_compile)
-    evaluator = Evaluator(state.model, val_set, spec, batch_size=8, losses=losses) if val_set else None
+    evaluator = (Evaluator(state.model, val_set, spec, train.eval_batch_size, losses=losses, strategy=strategy,
+                           scores=context.rank == 0) if val_set else None)
+    if evaluator:
+        print(evaluator.sharing_line, flush=True)
+    val_set = None  # the evaluator keeps what this worker needs of it
     metrics: dict[str, float] = {}
     first_files = {TRAINED_WITH_FILE: trained_with_json(built)}
 
