@@ -136,6 +136,29 @@ def test_fields_detsweep_knows_but_has_no_setting_for_are_named():
     assert "eval_input_reader.shuffle: detsweep reads data.val in order" in shuffled.not_carried
 
 
+def test_the_readers_box_cap_and_shuffle_buffer_and_the_eval_batch_carry_under_detsweeps_names():
+    """The OD API's train_input_reader max_number_of_boxes (boxes kept an image, the first ones)
+    and shuffle_buffer_size, and eval_config.batch_size, are data.max_boxes,
+    data.shuffle_buffer_size and train.eval_batch_size; the eval reader's own are named (detsweep
+    evaluates every box, in order). Unwritten, detsweep's defaults stand."""
+    from detsweep.config import TrialConfig, validate
+
+    text = (RACCOON_PIPELINE.read_text()
+            .replace("train_input_reader: {", "train_input_reader: {\n  max_number_of_boxes: 50 shuffle_buffer_size: 500")
+            .replace("eval_config: {", "eval_config: {\n  batch_size: 4")
+            .replace("num_readers: 1", "num_readers: 1 max_number_of_boxes: 200 shuffle_buffer_size: 10"))
+    imported = import_pipeline(text)
+    assert (imported.tree["data"]["max_boxes"], imported.tree["data"]["shuffle_buffer_size"]) == (50, 500)
+    assert imported.tree["train"]["eval_batch_size"] == 4
+    assert {line for line in imported.not_carried if "max_number_of_boxes" in line or "shuffle_buffer" in line} == {
+        "eval_input_reader.max_number_of_boxes: detsweep's evaluation keeps every box of data.val",
+        "eval_input_reader.shuffle_buffer_size: detsweep reads data.val in order"}
+    config = validate(TrialConfig, imported.tree, source="pipeline.config")
+    assert (config.data.max_boxes, config.data.shuffle_buffer_size, config.train.eval_batch_size) == (50, 500, 4)
+    plain = import_pipeline(RACCOON_PIPELINE.read_text())
+    assert "max_boxes" not in plain.tree["data"] and "eval_batch_size" not in plain.tree["train"]
+
+
 def test_an_unknown_field_inside_the_carried_optimizer_is_still_named():
     imported = import_pipeline("""
     optimizer {

@@ -137,10 +137,12 @@ _MESSAGES: dict[str, list[tuple]] = {
         ("use_bfloat16", 26, "bool", False),
         ("sync_replicas", 11, "bool", False),
     ],
-    "EvalConfig": [("num_examples", 2, "uint32", 5000)],
+    "EvalConfig": [("num_examples", 2, "uint32", 5000), ("batch_size", 25, "uint32", 1)],
     "InputReader": [
         ("label_map_path", 1, "string"),
         ("shuffle", 2, "bool", True),
+        ("shuffle_buffer_size", 11, "uint32", 2048),
+        ("max_number_of_boxes", 21, "int32", 100),
         ("tf_record_input_reader", 8, "TFRecordInputReader"),
     ],
     "TFRecordInputReader": [("input_path", 1, "string", None, "repeated")],
@@ -276,6 +278,8 @@ _WHY_LEFT_OUT = {
     "eval_config.num_examples": "detsweep evaluates every image of data.val",
     "train_input_reader.shuffle": "detsweep always shuffles the training data",
     "eval_input_reader.shuffle": "detsweep reads data.val in order",
+    "eval_input_reader.shuffle_buffer_size": "detsweep reads data.val in order",
+    "eval_input_reader.max_number_of_boxes": "detsweep's evaluation keeps every box of data.val",
 }
 # Whether detsweep shuffles each split, to carry over a `shuffle` that agrees.
 _SHUFFLES = {"train": True, "val": False}
@@ -345,6 +349,9 @@ def import_pipeline(text: str, source: str = "pipeline.config") -> Imported:
             imported.leave_out("train_config.optimizer",
                                "train_config.optimizer: the top-level optimizer block is used instead")
     _carry_inputs(pipeline, imported)
+    if pipeline.HasField("eval_config") and pipeline.eval_config.HasField("batch_size"):
+        imported.tree.setdefault("train", {})["eval_batch_size"] = pipeline.eval_config.batch_size
+        imported.carry("eval_config.batch_size")
     _name_the_rest(text, root, source, imported)
     return imported
 
@@ -512,6 +519,11 @@ def _carry_inputs(pipeline: message.Message, imported: Imported) -> None:
         imported.carry(f"{path}.tf_record_input_reader.input_path", f"{path}.label_map_path")
         if reader.shuffle == _SHUFFLES[split]:
             imported.carry(f"{path}.shuffle")
+        if split == "train":  # the same names as the OD API's, the same numbers
+            for name, setting in (("shuffle_buffer_size", "shuffle_buffer_size"), ("max_number_of_boxes", "max_boxes")):
+                if reader.HasField(name):
+                    imported.tree["data"][setting] = getattr(reader, name)
+                    imported.carry(f"{path}.{name}")
     for index in range(1, len(pipeline.eval_input_reader)):
         imported.leave_out(f"eval_input_reader[{index}]", f"eval_input_reader[{index}]: detsweep evaluates on one "
                            "data.val, the first eval_input_reader")
