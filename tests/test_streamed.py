@@ -137,6 +137,33 @@ def test_a_resume_gives_the_unbroken_runs_batches_reading_only_the_rest_of_its_e
     assert read[0] == 3 * size  # an unbroken run read each of the three epochs
 
 
+def test_int8s_calibration_pictures_are_drawn_from_records_streamed_reading_no_further_than_the_last(
+        tmp_path, monkeypatch, every_image):
+    """int8's representative set from a TFRecord set: the drawn records, as the reader gives
+    them, parsed alone, each file read up to its last drawn record only."""
+    from detsweep.data import drawn_examples
+    from detsweep.data import tfrecord as tfrecord_module
+
+    config = DatasetConfig(format="tfrecord", annotations=split_into(tmp_path / "records", 4), label_map=str(LABEL_MAP))
+    read, parsed = [], []
+    reads, parses = tfrecord_module.read_records, tfrecord_module.parse_record
+
+    def counted_reads(path):
+        for raw in reads(path):
+            read.append(path)
+            yield raw
+
+    monkeypatch.setattr(streamed_module, "record_bytes", counted_reads)
+    monkeypatch.setattr(streamed_module, "parse_record", lambda *a: parsed.append(a[1]) or parses(*a))
+    drawn = drawn_examples(config, 5, seed=3)
+    assert len(drawn) == len(parsed) == 5 and len(read) < 40
+    last = {path: max(int(origin.rsplit(" ", 1)[1]) for origin in parsed if origin.startswith(path)) for path in set(read)}
+    assert {path: read.count(path) for path in set(read)} == {path: number + 1 for path, number in last.items()}
+    assert {hashlib.sha256(example.encoded).hexdigest() for example in drawn} <= every_image
+    assert [example.encoded for example in drawn_examples(config, 5, seed=3)] == [e.encoded for e in drawn]  # seeded
+    assert len(drawn_examples(config, 100, seed=3)) == 40  # all of them when it has fewer
+
+
 def test_the_shuffle_buffer_is_the_configs(tmp_path):
     """With a buffer of B an image comes out at most B - 1 places ahead of where it was read."""
     source = records(split_into(tmp_path / "records", 4))

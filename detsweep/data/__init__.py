@@ -82,11 +82,28 @@ def dataset_categories(config: DatasetConfig) -> list[Category]:
     return load_dataset(config, verify=False).categories
 
 
+def drawn_examples(config: DatasetConfig, count: int, seed: int) -> list[Example]:
+    """``count`` of ``config``'s images drawn at random (``seed``), in their order; all of them
+    when it has fewer. A TFRecord set is streamed: only the drawn records are parsed and kept."""
+    import numpy as np
+
+    from .remote import with_local_copies
+
+    local = with_local_copies(config)
+    if local.format == "tfrecord" and not local.subset:
+        from .streamed import drawn_records
+
+        return drawn_records(local, count, seed)
+    examples = load_dataset(local).examples
+    return [examples[i] for i in sorted(np.random.default_rng(seed).permutation(len(examples))[:count])]
+
+
 __all__ = [
     "Category",
     "DetectionSet",
     "Example",
     "describe",
+    "drawn_examples",
     "format_description",
     "dataset_categories",
     "generate_synthetic",

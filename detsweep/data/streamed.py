@@ -16,16 +16,20 @@ decoded, by its real size.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from itertools import islice
 
+import numpy as np
 import tensorflow as tf
 
 from detsweep.config import DatasetConfig
 
 from .index import RecordIndex, record_index
 from .labelmap import LabelMap, read_label_map
-from .records import Category, plural
-from .tfrecord import od_api_features, record_files
+from .records import Category, Example, plural
+from .tfrecord import od_api_features, parse_record, record_categories, record_files, to_examples
+from .tfrecord import read_records as record_bytes
 
 CYCLE_LENGTH = 8  # files read at once by a worker (the OD API's num_readers is 64, on bigger hosts)
 
@@ -181,3 +185,21 @@ def training_boxes(boxes: tf.Tensor, crowd: tf.Tensor) -> tf.Tensor:
 
 def _size(counts: list[int], skip_empty: bool) -> int:
     return sum(1 for count in counts if count or not skip_empty)
+
+
+def drawn_records(config: DatasetConfig, count: int, seed: int) -> list[Example]:
+    """``count`` of a TFRecord set's records drawn at random (``seed``; all when it has fewer),
+    as examples in their order: one pass per file that holds a drawn record, parsing only those
+    and stopping after the last (int8's calibration pictures from a set of COCO's size)."""
+    files = record_files(config.annotations)
+    index = record_index(files, say=lambda line: None)
+    drawn = np.random.default_rng(seed).permutation(index.num_records)[:count]
+    label_map = read_label_map(config.label_map) if config.label_map else None
+    records, start = [], 0
+    for path, boxes in zip(index.files, index.boxes):
+        wanted = {int(i) - start for i in drawn if start <= i < start + len(boxes)}
+        for number, raw in enumerate(islice(record_bytes(path), max(wanted, default=-1) + 1)):
+            if number in wanted:
+                records.append(parse_record(raw, f"{path}: record {number}", label_map))
+        start += len(boxes)
+    return to_examples(records, record_categories(records, label_map, config.label_map), Counter(), verify=True)

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from detsweep.adapters.tflite import calibrated, quantized
 from detsweep.config import DatasetConfig
-from detsweep.data import Example, load_dataset
+from detsweep.data import Example, drawn_examples, load_dataset
 from detsweep.data.processing import NETWORK_SCOPE, SCORE_FLOOR, InputSpec, letterboxed
 from detsweep.errors import DetsweepError
 
@@ -60,14 +60,13 @@ def representative_set(train: DatasetConfig, val: DatasetConfig, count: int, spe
     is also a val picture (same bytes): the val set scores the export, and calibrating on it
     would flatter the int8 model."""
     try:
-        pictures = load_dataset(train).examples
+        chosen = drawn_examples(train, count, seed)  # a TFRecord set streamed, never held
     except DetsweepError as error:
         raise DetsweepError(f"representative set: {error}; int8 calibrates on training pictures "
                             "(give others with --representative-data FILE)") from None
-    if not pictures:
+    if not chosen:
         raise DetsweepError(f"representative set: found no training images in {describe(train)}, "
                             "expected some to calibrate int8 on")
-    chosen = [pictures[i] for i in sorted(np.random.default_rng(seed).permutation(len(pictures))[:count])]
     val_digests = {digest(example) for example in load_dataset(val, verify=False).examples}
     shared = [example.file_name for example in chosen if digest(example) in val_digests]
     if shared:
