@@ -21,6 +21,7 @@ BENCHMARKS = {
     "input_pipeline": ["bench.input_pipeline"],
     "data_memory": ["bench.data_memory"],
     "evaluation_cost": ["bench.evaluation_cost"],
+    "importance": ["bench.importance"],
     "zoo_retinanet": ["bench.zoo_retinanet"],
     "int8_export": ["bench.int8_export"],
     "scaling": ["bench.scaling"],

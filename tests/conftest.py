@@ -382,6 +382,7 @@ OUR_LINES = re.compile("|".join([
     r"first loop after .+", r"step \d+/\d+ .+", r"finished at step \d+", r"  [\w/]+ +-?[\d.]+",
     r"checkpoint: .+", r"MLflow run: \w+",
     r"waiting for \d+ (nodes? of type \S+|trial worker\(s\)) .+",  # a trial waits for nodes to start
+    r"importance: .+", r"\S+: \d+ trials compared at step \d+, .+", r"  \S+ +[\d.]+ \[[\d.]+, [\d.]+\]  fANOVA .+",
 ]))
 
 

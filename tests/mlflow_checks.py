@@ -285,7 +285,7 @@ def assert_no_secret(report: dict, secret: str, tmp_path: Path) -> None:
         run = client.get_run(run_id)
         assert not any(secret in value for value in [*run.data.params.values(), *run.data.tags.values()])
         folder = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts" / run_id)))
-        texts = [path for path in folder.rglob("*") if path.suffix in (".yaml", ".csv", ".txt", ".json")]
+        texts = [path for path in folder.rglob("*") if path.suffix in (".yaml", ".csv", ".txt", ".json", ".journal")]
         assert texts and not any(secret in path.read_text() for path in texts)
 
 

@@ -17,7 +17,7 @@ from .conftest import REPO, run_bounded
 # What each benchmark of ``bench.run_all`` records, by its name there.
 RECORDS = {"allocator": {"allocator"}, "input_pipeline": {"input_pipeline"}, "zoo_retinanet": {"zoo_retinanet"},
            "tracking_server": {"tracking_server"}, "data_memory": {"data_memory"},
-           "evaluation_cost": {"evaluation_cost"}}
+           "evaluation_cost": {"evaluation_cost"}, "importance": {"importance"}}
 
 
 # Benchmarks another test runs (and checks the record of) as its own fixture: not twice.
@@ -53,7 +53,8 @@ def smoked(tmp_path_factory) -> dict:
         command = [sys.executable, "-m", "bench.run_all", "--smoke", "--only", benchmark, "--out", str(out)]
         return run_bounded(command, cwd=REPO), out
 
-    names = ["tracking_server", "input_pipeline", "zoo_retinanet", "data_memory", "evaluation_cost", "allocator"]
+    names = ["tracking_server", "input_pipeline", "zoo_retinanet", "data_memory", "evaluation_cost", "importance",
+             "allocator"]
     assert sorted(names) == sorted(RECORDS)
     return dict(zip(names, side_by_side([lambda name=name: smoke(name) for name in names])))
 
@@ -102,8 +103,15 @@ def evaluation_cost(results: dict) -> None:
     assert results["evaluation_cost"]["targets"][0]["met"] is True
 
 
+def importance(results: dict) -> None:
+    # the recorded curves at each step asked, the known answer at two sizes, the cost's four parts
+    rows = results["importance"]["rows"][1:]
+    assert [row[0] for row in rows] == [60, 300, "known answer", "known answer"] + ["cost at trials"] * 4
+    assert rows[1][2] == pytest.approx(1.0)  # step 300 against itself
+
+
 SPECIFIC = {"allocator": allocator, "tracking_server": tracking_server, "data_memory": data_memory,
-            "evaluation_cost": evaluation_cost}
+            "evaluation_cost": evaluation_cost, "importance": importance}
 
 
 def test_the_gpu_benchmark_refuses_a_machine_without_gpus_in_one_line(tmp_path):

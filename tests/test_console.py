@@ -125,6 +125,8 @@ BAD_INPUTS = {
     "validate": ["validate", "bad.yaml"],
     "launch": ["launch", "bad.yaml"],
     "status": ["status", "."],
+    "study": ["study", "."],
+    "importance": ["importance", "."],
     "resume": ["resume", "."],
     "replay": ["replay", "bad.yaml", "bad.yaml"],
     "data inspect": ["data", "inspect", "--format", "tfrecord", "--annotations", "bad.record"],

@@ -185,12 +185,17 @@ def test_replay_spends_the_steps_a_hand_computation_gives_and_returns_that_trial
     assert signal["eval/AP_best"] == pytest.approx({"10": 0.4, "20": 0.5 / 22.5 ** 0.5, "30": 3 / 22.5 ** 0.5, "40": 1.0})
     assert signal["train/loss"] == pytest.approx({"10": 0.0, "20": 0.0, "30": 0.0, "40": 0.0})
     # the command itself, once: what it prints
-    shown = run_cli("replay", curves_file(write), str(sweep.path), "--signal", "--set", "search.scheduler.type=fifo",
-                    "--set", "search.scheduler.metric=null", "--set", "search.scheduler.mode=null", timeout=300)
+    shown = run_cli("replay", curves_file(write), str(sweep.path), "--signal", "--importance", "--set",
+                    "search.scheduler.type=fifo", "--set", "search.scheduler.metric=null", "--set",
+                    "search.scheduler.mode=null", timeout=300)
     assert shown.returncode == 0, shown.stderr[-3000:]  # FIFO: every step, and the best at the end
     assert "share of FIFO's steps" in shown.stdout and " 100% " in shown.stdout
     assert re.search(r"regret against the best recorded +0 +0 +0", shown.stdout), shown.stdout
     assert re.search(r"\neval/AP_best +0\.40 +0\.11 +0\.\d\d +1\.00\n", shown.stdout), shown.stdout
+    # which settings mattered, as a sweep of four trials would say: it cannot tell (the replayed
+    # sweep's own study, from its Tune folder)
+    assert shown.stdout.strip().splitlines()[-1] == ("importance in the replay with seed 0: 4 trials reached one "
+                                                     "evaluated step; importance needs 20 at one step"), shown.stdout
 
 
 def test_replay_refuses_curves_that_do_not_match_the_sweep_in_one_line(write, tmp_path):

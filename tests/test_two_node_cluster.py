@@ -221,7 +221,9 @@ def test_an_optuna_sweep_by_ray_address_runs_on_both_nodes_logs_to_the_cluster_f
         assert_no_secret(report, secret_value, tmp_path)
     assert_nowhere_in_ray(cluster, secret_values(secret))
     logs = [*cluster.session.joinpath("logs").rglob("*"), tracking_stack.folder / "head" / "head-mlflow" / "server.log",
-            *(tmp_path / "ray").rglob("*.log"), *(tmp_path / "ray").rglob("*.txt"), *(tmp_path / "ray").rglob("*.json")]
+            *(tmp_path / "ray").rglob("*.log"), *(tmp_path / "ray").rglob("*.txt"), *(tmp_path / "ray").rglob("*.json"),
+            *(tmp_path / "ray").rglob("study.journal")]  # the sweep's Optuna study, in its folder
+    assert report["study"] and report["study"] in map(str, logs)
     assert_in_no_file(logs, secret_values(secret))
     assert not (tmp_path / "mlflow.db").exists()  # everything went through the server
     # TPE starts with its seeded random sampler: the two trials get its first two draws.

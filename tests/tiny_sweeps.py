@@ -69,7 +69,7 @@ def launch_json(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tup
     return result, report
 
 
-LAUNCH_KEYS = {"name", "path", "metric", "mode", "trials", "best", "mlflow", "cost"}
+LAUNCH_KEYS = {"name", "path", "metric", "mode", "trials", "best", "mlflow", "cost", "study", "importance"}
 TRIAL_KEYS = {"trial_id", "status", "metrics", "config", "checkpoint", "error", "infeasible", "mlflow_run_id", "cost"}
 MLFLOW_KEYS = {"tracking_uri", "experiment_id", "parent_run_id", "registered_model", "not_registered"}
 REGISTERED_KEYS = {"name", "version", "model_uri", "champion"}

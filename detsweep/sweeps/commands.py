@@ -1,4 +1,4 @@
-"""``detsweep validate``, ``launch``, ``status``, ``resume`` and ``replay``, and how a
+"""``detsweep validate``, ``launch``, ``status``, ``study``, ``importance``, ``resume`` and ``replay``, and how a
 sweep's trials are printed (``finetune --sweep`` prints its sweep the same way).
 
 Commands import Ray, Tune and MLflow when they run, so ``detsweep --help`` answers at once.
@@ -18,6 +18,7 @@ from detsweep.errors import DetsweepError
 from detsweep.subcommands import add_command, add_overrides, add_verbose
 from detsweep.tracking.sweep_run import TrialStatus
 
+SWEEP_HELP = "the sweep's folder, its sweep file, or its name under ~/ray_results"
 CLUSTER_CONFIG_HELP = ("a Ray cluster config (ray up's YAML): size trials against the node types the cluster can start "
                        "(default with --address: ~/ray_bootstrap_config.yaml on the head, else the nodes alive)")
 
@@ -41,11 +42,25 @@ def add_sweep_commands(commands: Any) -> None:
     launch.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
 
     status = add_command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
-    status.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
+    status.add_argument("sweep", help=SWEEP_HELP)
     status.add_argument("--json", action="store_true", help="print the same object as launch --json")
 
+    study = add_command(commands, "study", study_command,
+                        "write a sweep's trials as an Optuna study: a journal file optuna-dashboard and Optuna open")
+    study.add_argument("sweep", help=SWEEP_HELP)
+    study.add_argument("--out", metavar="FILE",
+                       help="the journal file to write (default: study.journal in the sweep's folder; ./NAME.journal "
+                            "for a sweep in a bucket)")
+
+    importance = add_command(commands, "importance", importance_command,
+                             "which swept settings mattered: each one's share for each objective, with an interval")
+    importance.add_argument("sweep", help=SWEEP_HELP)
+    importance.add_argument("--json", action="store_true",
+                            help='print {"importance": [{"objective", "parameter", "share", "low", "high", "fanova", '
+                                 '"step", "trials", "quantile"}]} or {"importance": null, "why": LINE}')
+
     resume = add_command(commands, "resume", resume_command, "finish an interrupted sweep; finished trials are not run again")
-    resume.add_argument("sweep", help="the sweep's folder, its sweep file, or its name under ~/ray_results")
+    resume.add_argument("sweep", help=SWEEP_HELP)
     resume.add_argument("--retry-errored", action="store_true", help="also continue errored trials from their last checkpoints")
     resume.add_argument("--address", help="a running Ray cluster (default: start a local one)")
     resume.add_argument("--cluster-config", metavar="FILE", help=CLUSTER_CONFIG_HELP)
@@ -62,6 +77,9 @@ def add_sweep_commands(commands: Any) -> None:
     replay.add_argument("--seeds", type=int, default=1, help="replay with this many seeds from the sweep's own (default 1)")
     replay.add_argument("--signal", action="store_true",
                         help="also show each metric's rank correlation with the final objective, by step")
+    replay.add_argument("--importance", action="store_true",
+                        help="also say which settings mattered in each replayed sweep (detsweep importance), as a "
+                             "sweep of this size would")
     replay.add_argument("--json", action="store_true",
                         help="print one JSON object: every seed's run, median, min, max, and the early signal")
 
@@ -128,6 +146,31 @@ def status_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def study_command(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from detsweep.sweeps.launch import study
+
+    written, trials = study(args.sweep, args.out)
+    states = Counter(trial.state.name.lower() for trial in trials)
+    counted = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
+    print(f"{written}: {len(trials)} trials ({counted}); open it with: optuna-dashboard {written}")
+    return 0
+
+
+def importance_command(args: argparse.Namespace) -> int:
+    from detsweep.sweeps.importance import importance_lines, importance_rows
+    from detsweep.sweeps.launch import importance
+
+    found = importance(args.sweep)
+    if args.json:
+        print(json.dumps({"importance": None, "why": found} if isinstance(found, str)
+                         else {"importance": importance_rows(found)}))
+    else:
+        print("\n".join([f"importance: {found}"] if isinstance(found, str) else importance_lines(found)))
+    return 0
+
+
 def resume_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.launch import resume
 
@@ -150,10 +193,23 @@ def replay_command(args: argparse.Namespace) -> int:
 
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     with console.working(f"replaying {args.sweep} on {len(curves.configs)} recorded trials, {args.seeds} seed(s)"):
-        report = replay(sweep, curves, args.seeds)
+        report = replay(sweep, curves, args.seeds, with_importance=args.importance)
     text = format_replay(report) + ("\n" + format_signal(report) if args.signal else "")
+    text += "".join("\n" + format_importance(run) for run in report["runs"] if args.importance)
     print(json.dumps(report) if args.json else text, file=out, flush=True)
     return 0
+
+
+def format_importance(run: dict[str, Any]) -> str:
+    """A replayed sweep's importance: a parameter a line, or why there is none."""
+    rows = run["importance"]
+    head = f"importance in the replay with seed {run['seed']}:"
+    if isinstance(rows, str):
+        return f"{head} {rows}"
+    width = max(len(row["parameter"]) for row in rows)
+    return "\n".join([head] + [f"  {row['objective']} at step {row['step']} ({row['trials']} trials): "
+                                f"{row['parameter']:<{width}}  {row['share']:.2f} [{row['low']:.2f}, {row['high']:.2f}]"
+                                for row in rows])
 
 
 def format_signal(report: dict[str, Any], columns: int = 10) -> str:

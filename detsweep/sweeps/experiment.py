@@ -143,6 +143,19 @@ def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
     return sorted(rows, key=rank)
 
 
+def read_curves(path: str, metrics: list[str]) -> dict[str, dict[str, dict[int, float]]]:
+    """Each trial's ``metrics`` at every step it reported them (its evaluations), by trial id,
+    read from Tune's result files."""
+    from ray.tune import ExperimentAnalysis
+
+    curves = {}
+    for trial_id, frame in ExperimentAnalysis(path).trial_dataframes.items():
+        curves[trial_id] = {metric: {int(step): float(value) for step, value in zip(frame["step"], frame[metric])
+                                     if not math.isinf(_number(value))}
+                            for metric in metrics if "step" in frame and metric in frame}
+    return curves
+
+
 def stored_run_link(path: str):
     """The MLflow runs the sweep at ``path`` writes to, as its trials were given them."""
     from ray.tune import ExperimentAnalysis

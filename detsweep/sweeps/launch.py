@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from detsweep import console
 from detsweep.cluster import connect, remove_run_folders
 from detsweep.config.loader import plain
-from detsweep.errors import DetsweepError
+from detsweep.errors import DetsweepError, failure_reason
 from detsweep.preflight import Capacity, Preflight, preflight
 from detsweep.preflight.capacity import cluster_capacity, from_cluster_config, nodes_alive, this_machine
 from detsweep.tracking.sweep_run import TrialStatus
@@ -189,6 +191,7 @@ def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool) -> di
     run_ids = close_sweep_run(link, report, swept_paths(sweep), front)
     for trial in report["trials"]:
         trial["mlflow_run_id"] = run_ids.get(trial["trial_id"])
+    report["study"], report["importance"] = record_study(report["path"], sweep, link, run_ids)
     if sweep.search.objectives:
         front = front.with_runs(run_ids) if front else None
         report["pareto"] = front.to_dict() if front else None
@@ -198,6 +201,54 @@ def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool) -> di
     report["mlflow"] = {"tracking_uri": link.uri, "experiment_id": link.experiment_id,
                         "parent_run_id": link.parent_run_id, "registered_model": registered, "not_registered": why_not}
     return report
+
+
+def record_study(path: str, sweep: Sweep, link, run_ids: dict[str, str]) -> tuple[str | None, list | str]:
+    """The sweep as an Optuna study (:mod:`.study`) on its parent run, ``study.journal``, and
+    in its folder when that is local (a bucket holds no file that takes a lock); and which
+    settings mattered (:mod:`.importance`), said and logged there too. The study's local path
+    and the importance rows (or the line that says why there are none). One line instead when
+    they cannot be made: ``detsweep study`` and ``detsweep importance`` make them later."""
+    from mlflow import MlflowClient
+
+    from .importance import importance_figure, importance_lines, importance_rows, sweep_importances
+    from .study import STUDY_FILE, sweep_study, write_study
+
+    local, client = "://" not in path, MlflowClient(link.uri)
+    try:
+        trials = sweep_study(path, sweep, run_ids)
+        with tempfile.TemporaryDirectory(prefix="detsweep-study-") as scratch:
+            written = write_study(sweep, trials, Path(path if local else scratch) / STUDY_FILE)
+            client.log_artifact(link.parent_run_id, str(written))
+        found = sweep_importances(sweep, trials)
+    except Exception as error:  # the sweep's results are whole without them
+        console.say(f"MLflow: no Optuna study of the sweep: {failure_reason(error)} (detsweep study makes it)")
+        return None, f"no study: {failure_reason(error)}"
+    if isinstance(found, str):
+        console.say(f"importance: {found}")
+        return (str(written) if local else None), found
+    for line in importance_lines(found):
+        console.say(line)
+    rows = importance_rows(found)
+    log_importance(client, link.parent_run_id, rows, importance_figure(found))
+    return (str(written) if local else None), rows
+
+
+def log_importance(client, run_id: str, rows: list[dict], figure) -> None:
+    """``importance/<objective>/<parameter>`` metrics, ``importance.csv`` and ``importance.png``."""
+    import csv
+    import io
+
+    from mlflow.entities import Metric
+
+    client.log_batch(run_id, metrics=[Metric(f"importance/{row['objective']}/{row['parameter']}", row["share"], 0,
+                                             row["step"]) for row in rows])
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    client.log_text(run_id, text.getvalue(), "importance.csv")
+    client.log_figure(run_id, figure, "importance.png")
 
 
 def pareto_of(report: dict[str, Any], sweep: Sweep):
@@ -280,6 +331,45 @@ def status(name_or_path: str) -> dict[str, Any]:
     """The trials of a sweep, read from its folder; nothing is started."""
     path, sweep = find_experiment(name_or_path)
     return summary(path, sweep)
+
+
+def study(name_or_path: str, out: str | None = None) -> tuple[Path, list]:
+    """``detsweep study``: the sweep's trials as an Optuna journal file at ``out`` (default: in
+    its folder, or ``./NAME.journal`` for a sweep in a bucket); the file and its trials."""
+    from .study import STUDY_FILE, sweep_study, write_study
+
+    if out and "://" in out:
+        raise DetsweepError(f"--out: found {out}, expected a local file (a journal takes a lock, which a bucket "
+                            "cannot hold)")
+    path, sweep = find_experiment(name_or_path)
+    local = "://" not in path
+    target = Path(out) if out else Path(path) / STUDY_FILE if local else Path.cwd() / f"{sweep.name}.journal"
+    trials = sweep_study(path, sweep, stored_run_ids(path))
+    return write_study(sweep, trials, target), trials
+
+
+def importance(name_or_path: str) -> list | str:
+    """``detsweep importance``: which settings mattered in the sweep (:mod:`.importance`), or
+    the line that says why it cannot tell."""
+    from .importance import sweep_importances
+    from .study import sweep_study
+
+    path, sweep = find_experiment(name_or_path)
+    return sweep_importances(sweep, sweep_study(path, sweep))
+
+
+def stored_run_ids(path: str) -> dict[str, str]:
+    """Each trial's MLflow run, when its tracking server answers; none (and a line) when not."""
+    from mlflow import MlflowClient
+
+    from detsweep.tracking.sweep_run import trial_runs
+
+    try:
+        link = stored_run_link(path)
+        return {trial_id: run.info.run_id for trial_id, run in trial_runs(MlflowClient(link.uri), link).items()}
+    except Exception as error:  # the study stands without them
+        console.say(f"MLflow: the trials' runs are not named in the study: {failure_reason(error)}")
+        return {}
 
 
 def summary(path: str, sweep: Sweep) -> dict[str, Any]:

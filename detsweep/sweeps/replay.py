@@ -272,9 +272,12 @@ class _Timeline(tune.Callback):
         self.first_seen.setdefault(trial.trial_id, sum(self.steps.values()))
 
 
-def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S) -> dict[str, Any]:
+def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S,
+                with_importance: bool = False) -> dict[str, Any]:
     """One replayed sweep with ``seed``: steps spent against FIFO's on the same draws, the
-    recorded final objective of the trial it returns, its regret against the best recorded."""
+    recorded final objective of the trial it returns, its regret against the best recorded;
+    ``with_importance``: which settings mattered in it (:mod:`.importance`), as a sweep of
+    this size would say."""
     metric, mode = sweep.search.metric, sweep.search.mode
     better = max if mode == "max" else min
 
@@ -315,6 +318,7 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
             callbacks = [timeline, *([_Lifecycle(clock)] if clock else [])]
             results = build_tuner(seeded, concurrent, RunLink("sqlite:///unused.db", "0", None), callbacks,
                                   runs=runs).fit()
+            found = replayed_importance(f"{folder}/{seeded.name}", seeded) if with_importance else None
         late = ray.get(clock.late_reports.remote()) if clock else 0
     finally:
         if clock:
@@ -331,7 +335,18 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S)
     return {"seed": seed, "trials": len(trials), "steps": spent, "fifo_steps": fifo, "share_of_fifo": spent / fifo,
             "returned": chosen, "regret": abs(best - chosen), "steps_until_returned_seen": returned[2],
             "nearest": sum(1 for result in results if not result.metrics.get("exact", 1)),
-            "resumed": timeline.resumed, "reported_twice": timeline.reported_twice, "out_of_order": late}
+            "resumed": timeline.resumed, "reported_twice": timeline.reported_twice, "out_of_order": late,
+            **({"importance": found} if with_importance else {})}
+
+
+def replayed_importance(path: str, sweep: Sweep) -> list[dict] | str:
+    """The replayed sweep's importance rows (:func:`.importance.importance_rows`), or the line
+    that says why there are none."""
+    from .importance import importance_rows, sweep_importances
+    from .study import sweep_study
+
+    found = sweep_importances(sweep, sweep_study(path, sweep))
+    return found if isinstance(found, str) else importance_rows(found)
 
 
 
@@ -368,10 +383,11 @@ def early_signal(curves: Curves, objective: str) -> dict[str, dict[int, float | 
             for metric, steps in curves.at_common_steps().items()}
 
 
-def replay(sweep: Sweep, curves: Curves, seeds: int = 1, tick_s: float = TICK_S) -> dict[str, Any]:
+def replay(sweep: Sweep, curves: Curves, seeds: int = 1, tick_s: float = TICK_S,
+           with_importance: bool = False) -> dict[str, Any]:
     """``replay_once`` for ``seeds`` seeds from the sweep's own; their median, min and max."""
     first = sweep.search.seed or 0
-    runs = [replay_once(sweep, curves, first + offset, tick_s) for offset in range(seeds)]
+    runs = [replay_once(sweep, curves, first + offset, tick_s, with_importance) for offset in range(seeds)]
     keys = ["steps", "share_of_fifo", "returned", "regret", "steps_until_returned_seen"]
     summary = {name: {key: function([run[key] for run in runs]) for key in keys}
                for name, function in (("median", statistics.median), ("min", min), ("max", max))}
