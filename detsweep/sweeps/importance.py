@@ -76,8 +76,8 @@ def one_objective(trials: list[FrozenTrial], metric: str, direction: optuna.stud
     drawn = [_shares(study, evaluator, values, np.minimum(rng.multinomial(len(valued), once / len(valued)), COPIES))
              for _ in range(resamples)]
     tail = (1 - LEVEL) / 2
-    intervals = {name: (float(np.quantile([d.get(name, 0.0) for d in drawn], tail)),
-                        float(np.quantile([d.get(name, 0.0) for d in drawn], 1 - tail))) for name in shares}
+    intervals = {name: tuple(float(q) for q in np.quantile([d.get(name, 0.0) for d in drawn], [tail, 1 - tail]))
+                 for name in shares}
     fanova = _shares(study, FanovaImportanceEvaluator(seed=seed), values, once)
     return Importance(metric, step, len(valued), quantile, shares, intervals, fanova)
 
