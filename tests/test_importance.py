@@ -83,4 +83,4 @@ def test_the_figures_go_on_the_parent_run_as_metrics_a_table_and_a_picture(tmp_p
     assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["importance.csv", "importance.png"]
     table = client.download_artifacts(run.info.run_id, "importance.csv", str(tmp_path))
     header, *rows = open(table).read().splitlines()
-    assert header == "objective,parameter,share,low,high,fanova,step,trials,quantile" and len(rows) == len(found[0].shares)
+    assert header == "objective,parameter,share,low,high,fanova,step,trials,quantile,resamples" and len(rows) == len(found[0].shares)

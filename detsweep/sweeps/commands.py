@@ -57,7 +57,7 @@ def add_sweep_commands(commands: Any) -> None:
     importance.add_argument("sweep", help=SWEEP_HELP)
     importance.add_argument("--json", action="store_true",
                             help='print {"importance": [{"objective", "parameter", "share", "low", "high", "fanova", '
-                                 '"step", "trials", "quantile"}]} or {"importance": null, "why": LINE}')
+                                 '"step", "trials", "quantile", "resamples"}]} or {"importance": null, "why": LINE}')
 
     resume = add_command(commands, "resume", resume_command, "finish an interrupted sweep; finished trials are not run again")
     resume.add_argument("sweep", help=SWEEP_HELP)

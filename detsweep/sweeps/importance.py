@@ -31,19 +31,20 @@ MIN_TOP = 5  # trials in PED-ANOVA's top quantile, at least
 MAX_QUANTILE = 0.25
 QUANTILE = 0.1  # PED-ANOVA's own default, when it holds MIN_TOP trials
 RESAMPLES = 200
-COPIES = 8  # a bootstrap draw takes a trial at most this many times (more: once in a million draws)
 LEVEL = 0.9  # the intervals' coverage
 
 
 @dataclass(frozen=True)
 class Importance:
     """One objective's importances: each parameter's PED-ANOVA share (they sum to 1), its
-    bootstrap interval, and fANOVA's share; from ``trials`` trials valued at ``step``."""
+    bootstrap interval over ``resamples`` draws, and fANOVA's share; from ``trials`` trials
+    valued at ``step``."""
 
     metric: str
     step: int
     trials: int
     quantile: float
+    resamples: int
     shares: dict[str, float]
     intervals: dict[str, tuple[float, float]]
     fanova: dict[str, float]
@@ -67,19 +68,18 @@ def one_objective(trials: list[FrozenTrial], metric: str, direction: optuna.stud
     step, valued = common_step(curves)
     quantile = min(MAX_QUANTILE, max(QUANTILE, MIN_TOP / len(valued)))
     evaluator = PedAnovaImportanceEvaluator(target_quantile=quantile)
-    study = copies_study(valued)
     # Optuna's target= ranks lower as better: a maximised metric is negated
     values = np.array([value for _, value in valued]) * (-1.0 if direction == StudyDirection.MAXIMIZE else 1.0)
     once = np.ones(len(valued), int)
-    shares = _shares(study, evaluator, values, once)
-    rng = np.random.default_rng(seed)
-    drawn = [_shares(study, evaluator, values, np.minimum(rng.multinomial(len(valued), once / len(valued)), COPIES))
-             for _ in range(resamples)]
+    drawn = np.random.default_rng(seed).multinomial(len(valued), once / len(valued), size=resamples)
+    study, owner = copies_study(valued, drawn.max(axis=0, initial=1))
+    shares = _shares(study, owner, evaluator, values, once)
+    resampled = [_shares(study, owner, evaluator, values, counts) for counts in drawn]
     tail = (1 - LEVEL) / 2
-    intervals = {name: tuple(float(q) for q in np.quantile([d.get(name, 0.0) for d in drawn], [tail, 1 - tail]))
+    intervals = {name: tuple(float(q) for q in np.quantile([r.get(name, 0.0) for r in resampled], [tail, 1 - tail]))
                  for name in shares}
-    fanova = _shares(study, FanovaImportanceEvaluator(seed=seed), values, once)
-    return Importance(metric, step, len(valued), quantile, shares, intervals, fanova)
+    fanova = _shares(study, owner, FanovaImportanceEvaluator(seed=seed), values, once)
+    return Importance(metric, step, len(valued), quantile, resamples, shares, intervals, fanova)
 
 
 def steps_of(trial: FrozenTrial, metric: str, single: bool) -> dict[int, float]:
@@ -102,22 +102,24 @@ def common_step(curves: list[tuple[FrozenTrial, dict[int, float]]]) -> tuple[int
     raise TooFew(f"{most} trials reached one evaluated step; importance needs {MIN_TRIALS} at one step")
 
 
-def copies_study(valued: list[tuple[FrozenTrial, float]]) -> optuna.Study:
-    """A study whose trials are each of ``valued``'s, :data:`COPIES` times, COMPLETE (Optuna's
-    evaluators read no other state): trial number ``COPIES * i + j`` is copy ``j`` of trial
-    ``i``. A resample chooses its trials by ``target=`` alone (a NaN leaves one out), so the
-    bootstrap builds no study of its own."""
+def copies_study(valued: list[tuple[FrozenTrial, float]], copies: np.ndarray) -> tuple[optuna.Study, np.ndarray]:
+    """A study holding ``copies[i]`` copies of each trial ``i`` of ``valued``, COMPLETE (Optuna's
+    evaluators read no other state), and which trial each study trial copies, as (trial, copy)
+    by trial number. A resample chooses its trials by ``target=`` alone (a NaN leaves a copy
+    out), so the bootstrap builds no study of its own."""
     study = optuna.create_study()
     study.add_trials([optuna.trial.create_trial(params=trial.params, distributions=trial.distributions, value=value)
-                      for trial, value in valued for _ in range(COPIES)])
-    return study
+                      for (trial, value), count in zip(valued, copies) for _ in range(count)])
+    owner = np.array([(index, copy) for index, count in enumerate(copies) for copy in range(count)])
+    return study, owner
 
 
-def _shares(study: optuna.Study, evaluator, values: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+def _shares(study: optuna.Study, owner: np.ndarray, evaluator, values: np.ndarray,
+            counts: np.ndarray) -> dict[str, float]:
     """``evaluator``'s importances (normalised) over ``counts[i]`` copies of each trial ``i``,
-    valued at ``values[i]`` (lower is better)."""
+    valued at ``values[i]`` (lower is better); ``owner`` as :func:`copies_study` gives it."""
     def target(trial: FrozenTrial) -> float:
-        index, copy = divmod(trial.number, COPIES)
+        index, copy = owner[trial.number]
         return values[index] if copy < counts[index] else math.nan
 
     with warnings.catch_warnings():
@@ -142,7 +144,7 @@ def importance_lines(found: list[Importance]) -> list[str]:
     lines = []
     for each in found:
         lines.append(f"{each.metric}: {each.trials} trials compared at step {each.step}, PED-ANOVA on the top "
-                     f"{each.quantile:.0%} ({LEVEL:.0%} interval over {RESAMPLES} resamples), fANOVA beside it")
+                     f"{each.quantile:.0%} ({LEVEL:.0%} interval over {each.resamples} resamples), fANOVA beside it")
         width = max(len(name) for name in each.shares)
         for name, share in each.shares.items():
             low, high = each.intervals[name]
@@ -155,7 +157,7 @@ def importance_rows(found: list[Importance]) -> list[dict]:
     """One row per objective and parameter (``importance.csv``, ``--json``)."""
     return [{"objective": each.metric, "parameter": name, "share": share, "low": each.intervals[name][0],
              "high": each.intervals[name][1], "fanova": each.fanova.get(name), "step": each.step,
-             "trials": each.trials, "quantile": each.quantile} for each in found for name, share in each.shares.items()]
+             "trials": each.trials, "quantile": each.quantile, "resamples": each.resamples} for each in found for name, share in each.shares.items()]
 
 
 def importance_figure(found: list[Importance]):
