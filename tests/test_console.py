@@ -125,7 +125,7 @@ BAD_INPUTS = {
     "validate": ["validate", "bad.yaml"],
     "launch": ["launch", "bad.yaml"],
     "status": ["status", "."],
-    "study": ["study", "."],
+    "study": ["study", "nosuch"],  # neither a folder nor an MLflow experiment
     "importance": ["importance", "."],
     "resume": ["resume", "."],
     "replay": ["replay", "bad.yaml", "bad.yaml"],

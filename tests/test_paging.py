@@ -89,10 +89,23 @@ def outcome(trial_id: str, score: float, status: str) -> dict:
             "config": {}, "checkpoint": None, "error": None, "cost": dict(COST), "infeasible": None}
 
 
-def report_of(sweep, trials: list[dict]) -> dict:
+def report_of(sweep, trials: list[dict], folder: str = "unused") -> dict:
     trials = sorted(trials, key=lambda trial: -trial["metrics"][METRIC])
-    return {"name": sweep.name, "path": "unused", "metric": METRIC, "mode": "max", "trials": trials,
+    return {"name": sweep.name, "path": folder, "metric": METRIC, "mode": "max", "trials": trials,
             "best": trials[0], "cost": {key: sum(t["cost"][key] for t in trials) for key in COST}}
+
+
+def ended(sweep, link, trials: list[dict], folder: Path, register: bool = True) -> dict:
+    """``record_end`` of the summary ``launch`` makes of ``trials``, its folder ``folder``."""
+    from dataclasses import fields
+
+    from detsweep.sweeps.experiment import SweepResults, TrialOutcome
+    from detsweep.sweeps.launch import record_end
+
+    report = report_of(sweep, trials, str(folder))
+    names = [field.name for field in fields(TrialOutcome)]
+    outcomes = [TrialOutcome(**{name: trial[name] for name in names}) for trial in report["trials"]]
+    return record_end(report, sweep, link, register, SweepResults(outcomes, {}))
 
 
 def test_a_sweeps_end_closes_links_and_registers_trials_spread_over_three_pages(tmp_path, pages_of, capsys):
@@ -101,8 +114,6 @@ def test_a_sweeps_end_closes_links_and_registers_trials_spread_over_three_pages(
     which MLflow (newest first) puts on the last page."""
     from mlflow import MlflowClient
 
-    from detsweep.sweeps.launch import record_end
-
     scores = [0.9] + [0.1 + 0.05 * place for place in range(9)]  # the first made is the best
     sweep, link, run_ids = sweep_with_trials(tmp_path, scores, checkpointed=(0,))
     statuses = ["TERMINATED" if place % 2 == 0 else "STOPPED" for place in range(len(scores))]
@@ -110,7 +121,7 @@ def test_a_sweeps_end_closes_links_and_registers_trials_spread_over_three_pages(
               for place, (score, status) in enumerate(zip(scores, statuses))]
     asked = pages_of(4)
 
-    report = record_end(report_of(sweep, trials), sweep, link, register=True)
+    report = ended(sweep, link, trials, tmp_path)
 
     linked = {trial["trial_id"]: trial["mlflow_run_id"] for trial in report["trials"]}
     assert linked == {f"quickstart_{place:05d}": run_id for place, run_id in enumerate(run_ids)}
@@ -136,25 +147,23 @@ def test_a_sweeps_end_closes_links_and_registers_trials_spread_over_three_pages(
 def test_a_sweep_that_registers_nothing_says_why_in_one_line_and_in_its_json(tmp_path, capsys, monkeypatch):
     """The best trial has no complete checkpoint in MLflow, then no MLflow run at all, then the
     tracking server is away: nothing is registered, and the line and ``not_registered`` say which."""
-    from detsweep.sweeps.launch import record_end, register_models
+    from detsweep.sweeps.launch import register_models
 
     sweep, link, run_ids = sweep_with_trials(tmp_path, [0.2, 0.6], checkpointed=(0,))  # the better one has none
     trials = [outcome("quickstart_00000", 0.2, "TERMINATED"), outcome("quickstart_00001", 0.6, "TERMINATED")]
-    report = record_end(report_of(sweep, trials), sweep, link, register=True)
+    report = ended(sweep, link, trials, tmp_path)
     why = f"trial quickstart_00001 has no complete checkpoint in MLflow that scored {METRIC}"
     assert report["mlflow"]["registered_model"] is None and report["mlflow"]["not_registered"] == why
     assert f"MLflow: nothing registered: {why}\n" in capsys.readouterr().out
 
     unknown = outcome("never_opened", 0.9, "TERMINATED")  # its run never reached MLflow
-    report = record_end(report_of(sweep, [*trials, unknown]), sweep, link, register=True)
+    report = ended(sweep, link, [*trials, unknown], tmp_path)
     why = f"trial never_opened has no MLflow run in experiment {link.experiment_id}"
     assert report["mlflow"]["not_registered"] == why, report["mlflow"]
-    # (the stand-in report has no Tune folder to make the sweep's Optuna study of: that says so apart)
-    printed = [line for line in capsys.readouterr().out.splitlines()
-               if line.startswith("MLflow:") and not line.startswith("MLflow: no Optuna study")]
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("MLflow:")]
     assert printed == [f"MLflow: nothing registered: {why}"], printed
 
-    report = record_end(report_of(sweep, trials), sweep, link, register=False)
+    report = ended(sweep, link, trials, tmp_path, register=False)
     assert report["mlflow"]["not_registered"] == "--no-register"
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the server is away: say so at once

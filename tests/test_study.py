@@ -20,7 +20,7 @@ from detsweep.sweeps.spec import load_sweep
 from detsweep.sweeps.study import STUDY_FILE, read_study, study_trials, write_study
 from detsweep.tracking.sweep_run import TrialStatus
 
-from .conftest import run_cli, wait_until
+from .conftest import run_cli, run_here, wait_until
 from .tiny_sweeps import tiny_sweep
 
 SPACE = KNOWN_SEARCH + "    data.augmentation.random_horizontal_flip: {value: 0.5}\n"  # a constant: no parameter
@@ -119,11 +119,20 @@ def test_the_trained_sweep_is_a_study_at_its_end_in_its_folder_and_on_its_parent
     assert result.stdout.strip() == f"{again}: 3 trials (1 complete, 1 fail, 1 pruned); open it with: optuna-dashboard {again}"
     assert [(t.state, t.params, t.user_attrs) for t in read_study(again).trials] == [
         (t.state, t.params, t.user_attrs) for t in study.trials]
+    # MLflow alone (the name, with no folder under ~/ray_results): the same trials
+    alone = run_here("study", "source", "--out", str(tmp_path / "alone.journal"), cwd=folder)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert [(t.state, t.params, t.distributions, t.values, t.intermediate_values, t.user_attrs)
+            for t in read_study(tmp_path / "alone.journal").trials] == [
+        (t.state, t.params, t.distributions, t.values, t.intermediate_values, t.user_attrs) for t in study.trials]
     # which settings mattered: three trials cannot tell, which the sweep's end said, as the command does
     too_few = "2 trials reached one evaluated step; importance needs 20 at one step"
     assert report["importance"] == too_few
-    said = run_cli("importance", str(folder / "ray" / "source"), "--json", cwd=folder)
+    said = run_here("importance", str(folder / "ray" / "source"), "--json", cwd=folder)
     assert json.loads(said.stdout) == {"importance": None, "why": too_few}, said.stderr[-2000:]
+    unknown = run_here("importance", "source", "--objective", "eval/AP50", cwd=folder)  # (MLflow's download bar before)
+    assert unknown.returncode == 2 and unknown.stderr.strip().splitlines()[-1] == (
+        "detsweep: error: --objective: found eval/AP50, expected one of the sweep's objectives: eval/AP_best")
     refused = run_cli("study", str(folder / "ray" / "source"), "--out", "s3://bucket/study.journal", cwd=folder)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("detsweep: error: --out: found s3://")
 

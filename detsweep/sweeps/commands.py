@@ -19,6 +19,8 @@ from detsweep.subcommands import add_command, add_overrides, add_verbose
 from detsweep.tracking.sweep_run import TrialStatus
 
 SWEEP_HELP = "the sweep's folder, its sweep file, or its name under ~/ray_results"
+RESULTS_HELP = ("the sweep's folder, its sweep file, or its name under ~/ray_results; with no folder, a name or sweep "
+                "file is read from its MLflow experiment's latest sweep (the default server's, or the file's)")
 CLUSTER_CONFIG_HELP = ("a Ray cluster config (ray up's YAML): size trials against the node types the cluster can start "
                        "(default with --address: ~/ray_bootstrap_config.yaml on the head, else the nodes alive)")
 
@@ -47,14 +49,16 @@ def add_sweep_commands(commands: Any) -> None:
 
     study = add_command(commands, "study", study_command,
                         "write a sweep's trials as an Optuna study: a journal file optuna-dashboard and Optuna open")
-    study.add_argument("sweep", help=SWEEP_HELP)
+    study.add_argument("sweep", help=RESULTS_HELP)
     study.add_argument("--out", metavar="FILE",
                        help="the journal file to write (default: study.journal in the sweep's folder; ./NAME.journal "
-                            "for a sweep in a bucket)")
+                            "for a sweep in a bucket or read from MLflow)")
 
     importance = add_command(commands, "importance", importance_command,
                              "which swept settings mattered: each one's share for each objective, with an interval")
-    importance.add_argument("sweep", help=SWEEP_HELP)
+    importance.add_argument("sweep", help=RESULTS_HELP)
+    importance.add_argument("--objective", metavar="METRIC", help="this objective's importance alone (default: each of "
+                                                                   "the sweep's objectives)")
     importance.add_argument("--json", action="store_true",
                             help='print {"importance": [{"objective", "parameter", "share", "low", "high", "fanova", '
                                  '"step", "trials", "quantile", "resamples"}]} or {"importance": null, "why": LINE}')
@@ -162,7 +166,7 @@ def importance_command(args: argparse.Namespace) -> int:
     from detsweep.sweeps.importance import importance_lines, importance_rows
     from detsweep.sweeps.launch import importance
 
-    found = importance(args.sweep)
+    found = importance(args.sweep, args.objective)
     if args.json:
         print(json.dumps({"importance": None, "why": found} if isinstance(found, str)
                          else {"importance": importance_rows(found)}))

@@ -1,4 +1,5 @@
-"""A sweep's experiment folder: the as-run sweep file in it, finding it by name, reading its trials.
+"""A sweep's experiment folder: the as-run sweep file in it, finding it by name, reading its
+trials (or, when the folder is gone, reading them from MLflow alone).
 
 ``detsweep launch`` writes ``sweep.yaml`` (the sweep with ``--set`` applied, the base
 config inline and every default filled in) next to Tune's own experiment state, so that
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +81,15 @@ def find_experiment(name_or_path: str) -> tuple[str, Sweep]:
     if text is None:
         raise DetsweepError(f"{name_or_path}: found no {SWEEP_FILE} at {path}, expected a folder made by "
                             f"detsweep launch, a sweep file, or a sweep name under {RAY_RESULTS}")
-    with tempfile.TemporaryDirectory() as folder:  # load_sweep reads files; the folder may be a bucket
+    return path, sweep_of(text)
+
+
+def sweep_of(text: str) -> Sweep:
+    """The sweep an as-run ``sweep.yaml``'s ``text`` holds."""
+    with tempfile.TemporaryDirectory() as folder:  # load_sweep reads files; the text may come from a bucket
         local = Path(folder, SWEEP_FILE)
         local.write_text(text)
-        return path, load_sweep(local)
+        return load_sweep(local)
 
 
 def _read_text(uri: str) -> str | None:
@@ -117,8 +123,20 @@ def trial_cost(seconds: float, scaling: ScalingConfig) -> dict[str, float]:
             "cost/gpu_hours": scaling.num_workers * gpus * hours}
 
 
-def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
-    """Every trial of the experiment at ``path``, best first, read from Tune's saved state."""
+Curves = dict[str, dict[str, dict[int, float]]]  # trial id → metric → step → value
+
+
+@dataclass(frozen=True)
+class SweepResults:
+    """A sweep's trials, the best first; each one's objectives by step; its MLflow run, where known."""
+
+    outcomes: list[TrialOutcome]
+    curves: Curves
+    run_ids: dict[str, str] = field(default_factory=dict)
+
+
+def read_results(path: str, sweep: Sweep) -> SweepResults:
+    """Every trial of the experiment at ``path`` and its curves, from Tune's saved state (read once)."""
     from ray.tune import ExperimentAnalysis, ResultGrid
 
     analysis = ExperimentAnalysis(path, default_metric=sweep.search.metric, default_mode=sweep.search.mode)
@@ -134,26 +152,80 @@ def read_outcomes(path: str, sweep: Sweep) -> list[TrialOutcome]:
             failure_reason(trial.get_error()) if trial.status == TrialStatus.ERROR else None,
             trial_cost(float((trial.last_result or {}).get("time_total_s", 0.0)), sweep.base.scaling), infeasible,
         ))
+    objectives = [objective.metric for objective in sweep.search.ranked_on]
+    curves = {trial_id: {metric: {int(step): float(value) for step, value in zip(frame["step"], frame[metric])
+                                  if not math.isinf(_number(value))}
+                         for metric in objectives if "step" in frame and metric in frame}
+              for trial_id, frame in analysis.trial_dataframes.items()}
+    return SweepResults(ranked(rows, sweep), curves)
+
+
+def recorded_results(name_or_file: str) -> tuple[Sweep, SweepResults]:
+    """The latest sweep of an MLflow experiment (a name on the default server, or a sweep
+    file's experiment and server), read from MLflow alone: for when its folder is gone."""
+    from mlflow import MlflowClient
+
+    from detsweep.config import TrackingConfig
+    from detsweep.tracking import resolve_backend
+    from detsweep.tracking.backend import check_readable
+    from detsweep.tracking.recorded import latest_sweep, recorded_trials
+    from detsweep.tracking.trial_run import ERROR_TAG, INFEASIBLE_TAG
+
+    name, tracking = name_or_file, TrackingConfig()
+    if name_or_file.endswith((".yaml", ".yml")):
+        given = load_sweep(name_or_file)
+        name, tracking = given.base.tracking.experiment or given.name, given.base.tracking
+    backend = resolve_backend(tracking)
+    check_readable(backend)
+    client = MlflowClient(backend.uri)
+    link, text = latest_sweep(client, name, backend)
+    sweep = sweep_of(text)
+    paths = swept_paths(sweep)
+    trials = recorded_trials(client, link, [objective.metric for objective in sweep.search.ranked_on])
+    rows = [TrialOutcome(trial.trial_id, trial.status, dict(trial.run.data.metrics), recorded_values(trial.run, paths),
+                         None, trial.run.data.tags.get(ERROR_TAG),
+                         {key: trial.run.data.metrics.get(key, 0.0) for key in ("cost/cpu_hours", "cost/gpu_hours")},
+                         trial.run.data.tags.get(INFEASIBLE_TAG))
+            for trial in trials]
+    return sweep, SweepResults(ranked(rows, sweep), {trial.trial_id: trial.histories for trial in trials},
+                               {trial.trial_id: trial.run.info.run_id for trial in trials})
+
+
+def recorded_values(run, paths: list[str]) -> dict[str, Any]:
+    """A trial run's swept values by dotted path, typed again: MLflow keeps each config leaf as
+    its YAML text (a dict-valued choice as its leaves); a PBT trial's latest as ``hparams/*``."""
+    values = {}
+    for path in paths:
+        if f"hparams/{path}" in run.data.metrics:
+            values[path] = run.data.metrics[f"hparams/{path}"]
+        elif path in run.data.params:
+            values[path] = yaml.safe_load(run.data.params[path])
+        elif leaves := {key.removeprefix(f"{path}."): text for key, text in run.data.params.items()
+                        if key.startswith(f"{path}.")}:
+            values[path] = _nested(leaves)
+    return values
+
+
+def _nested(leaves: dict[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for dotted, text in leaves.items():
+        *parents, last = dotted.split(".")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = yaml.safe_load(text)
+    return tree
+
+
+def ranked(rows: list[TrialOutcome], sweep: Sweep) -> list[TrialOutcome]:
+    """``rows`` the best first by the sweep's metric's last value, as Tune ranks; none last."""
     sign = -1 if sweep.search.mode == "max" else 1
 
-    def rank(row: TrialOutcome) -> tuple[bool, float]:  # by the last value, as Tune ranks; none last
+    def rank(row: TrialOutcome) -> tuple[bool, float]:
         value = _number(row.metrics.get(sweep.search.metric))
         return math.isinf(value), sign * value if not math.isinf(value) else 0.0
 
     return sorted(rows, key=rank)
-
-
-def read_curves(path: str, metrics: list[str]) -> dict[str, dict[str, dict[int, float]]]:
-    """Each trial's ``metrics`` at every step it reported them (its evaluations), by trial id,
-    read from Tune's result files."""
-    from ray.tune import ExperimentAnalysis
-
-    curves = {}
-    for trial_id, frame in ExperimentAnalysis(path).trial_dataframes.items():
-        curves[trial_id] = {metric: {int(step): float(value) for step, value in zip(frame["step"], frame[metric])
-                                     if not math.isinf(_number(value))}
-                            for metric in metrics if "step" in frame and metric in frame}
-    return curves
 
 
 def stored_run_link(path: str):

@@ -54,12 +54,14 @@ class TooFew(Exception):
     """Too few trials at any evaluated step: the line says how many there are and how many it needs."""
 
 
-def importances(study: optuna.Study, resamples: int = RESAMPLES, seed: int = 0) -> list[Importance]:
-    """Each objective's :class:`Importance` in ``study`` (:mod:`.study`'s form of a sweep)."""
+def importances(study: optuna.Study, resamples: int = RESAMPLES, seed: int = 0,
+                objective: str | None = None) -> list[Importance]:
+    """Each objective's :class:`Importance` in ``study`` (:mod:`.study`'s form of a sweep), or
+    ``objective``'s alone."""
     single = len(study.directions) == 1
     with quiet_optuna():
         return [one_objective(study.trials, metric, direction, single, resamples, seed)
-                for metric, direction in zip(study.metric_names, study.directions)]
+                for metric, direction in zip(study.metric_names, study.directions) if objective in (None, metric)]
 
 
 def one_objective(trials: list[FrozenTrial], metric: str, direction: optuna.study.StudyDirection, single: bool,
@@ -129,12 +131,14 @@ def _shares(study: optuna.Study, owner: np.ndarray, evaluator, values: np.ndarra
         return dict(optuna.importance.get_param_importances(study, evaluator=evaluator, target=target, normalize=True))
 
 
-def sweep_importances(sweep: Sweep, trials: list[FrozenTrial], resamples: int = RESAMPLES) -> list[Importance] | str:
-    """The importances of ``sweep``'s study ``trials``, or the one line that says why there are none."""
+def sweep_importances(sweep: Sweep, trials: list[FrozenTrial], resamples: int = RESAMPLES,
+                      objective: str | None = None) -> list[Importance] | str:
+    """The importances of ``sweep``'s study ``trials`` (``objective``'s alone, when given), or
+    the one line that says why there are none."""
     if sweep.search.scheduler.type == "pbt":
         return ("importance needs trials that keep their values; a PBT sweep's trials change theirs as they train")
     try:
-        return importances(new_study(sweep, trials), resamples, seed=sweep.search.seed or 0)
+        return importances(new_study(sweep, trials), resamples, seed=sweep.search.seed or 0, objective=objective)
     except TooFew as too_few:
         return str(too_few)
 

@@ -22,10 +22,12 @@ from detsweep.tracking.sweep_run import TrialStatus
 
 from .experiment import (
     SWEEP_FILE,
+    SweepResults,
     as_run,
     experiment_path,
     find_experiment,
-    read_outcomes,
+    read_results,
+    recorded_results,
     save_sweep,
     storage_path,
     stored_run_link,
@@ -173,16 +175,18 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
 
 
 def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
-    """The summary of the sweep's folder, recorded in MLflow (:func:`record_end`)."""
-    report = summary(path, sweep)
+    """The summary of the sweep's folder (read once), recorded in MLflow (:func:`record_end`)."""
+    results = read_results(path, sweep)
+    report = summary(path, sweep, results)
     remove_run_folders(storage_path(sweep), f"{sweep.name}-train-")  # those of trials stopped mid-run
-    return record_end(report, sweep, link, register)
+    return record_end(report, sweep, link, register, results)
 
 
-def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool) -> dict[str, Any]:
-    """The summary, with each trial's MLflow run; the parent run closed; the best registered (or
-    a line saying why not), and with objectives, the Pareto front (on the parent run, each of
-    its models registered)."""
+def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool, results: SweepResults) -> dict[str, Any]:
+    """The summary of ``results``, with each trial's MLflow run; the parent run closed; the
+    study and importance made (:func:`record_study`); the best registered (or a line saying why
+    not), and with objectives, the Pareto front (on the parent run, each of its models
+    registered)."""
     from detsweep.tracking import close_sweep_run
 
     from .space import swept_paths
@@ -191,7 +195,7 @@ def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool) -> di
     run_ids = close_sweep_run(link, report, swept_paths(sweep), front)
     for trial in report["trials"]:
         trial["mlflow_run_id"] = run_ids.get(trial["trial_id"])
-    report["study"], report["importance"] = record_study(report["path"], sweep, link, run_ids)
+    report["study"], report["importance"] = record_study(report["path"], sweep, link, results, run_ids)
     if sweep.search.objectives:
         front = front.with_runs(run_ids) if front else None
         report["pareto"] = front.to_dict() if front else None
@@ -203,7 +207,8 @@ def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool) -> di
     return report
 
 
-def record_study(path: str, sweep: Sweep, link, run_ids: dict[str, str]) -> tuple[str | None, list | str]:
+def record_study(path: str, sweep: Sweep, link, results: SweepResults,
+                 run_ids: dict[str, str]) -> tuple[str | None, list | str]:
     """The sweep as an Optuna study (:mod:`.study`) on its parent run, ``study.journal``, and
     in its folder when that is local (a bucket holds no file that takes a lock); and which
     settings mattered (:mod:`.importance`), said and logged there too. The study's local path
@@ -212,11 +217,11 @@ def record_study(path: str, sweep: Sweep, link, run_ids: dict[str, str]) -> tupl
     from mlflow import MlflowClient
 
     from .importance import importance_figure, importance_lines, importance_rows, sweep_importances
-    from .study import STUDY_FILE, sweep_study, write_study
+    from .study import STUDY_FILE, study_of, write_study
 
     local, client = "://" not in path, MlflowClient(link.uri)
     try:
-        trials = sweep_study(path, sweep, run_ids)
+        trials = study_of(sweep, results, run_ids)
         with tempfile.TemporaryDirectory(prefix="detsweep-study-") as scratch:
             written = write_study(sweep, trials, Path(path if local else scratch) / STUDY_FILE)
             client.log_artifact(link.parent_run_id, str(written))
@@ -330,32 +335,56 @@ def best_in_mlflow(link, trial: dict[str, Any], sweep: Sweep) -> tuple[str | Non
 def status(name_or_path: str) -> dict[str, Any]:
     """The trials of a sweep, read from its folder; nothing is started."""
     path, sweep = find_experiment(name_or_path)
-    return summary(path, sweep)
+    return summary(path, sweep, read_results(path, sweep))
 
 
 def study(name_or_path: str, out: str | None = None) -> tuple[Path, list]:
     """``detsweep study``: the sweep's trials as an Optuna journal file at ``out`` (default: in
-    its folder, or ``./NAME.journal`` for a sweep in a bucket); the file and its trials."""
-    from .study import STUDY_FILE, sweep_study, write_study
+    its folder, or ``./NAME.journal`` for a sweep in a bucket or read from MLflow alone); the
+    file and its trials."""
+    from .study import STUDY_FILE, write_study
 
     if out and "://" in out:
         raise DetsweepError(f"--out: found {out}, expected a local file (a journal takes a lock, which a bucket "
                             "cannot hold)")
-    path, sweep = find_experiment(name_or_path)
-    local = "://" not in path
+    sweep, trials, path = swept_trials(name_or_path)
+    local = path is not None and "://" not in path
     target = Path(out) if out else Path(path) / STUDY_FILE if local else Path.cwd() / f"{sweep.name}.journal"
-    trials = sweep_study(path, sweep, stored_run_ids(path))
     return write_study(sweep, trials, target), trials
 
 
-def importance(name_or_path: str) -> list | str:
-    """``detsweep importance``: which settings mattered in the sweep (:mod:`.importance`), or
-    the line that says why it cannot tell."""
+def importance(name_or_path: str, objective: str | None = None) -> list | str:
+    """``detsweep importance``: which settings mattered in the sweep (:mod:`.importance`), for
+    each objective or ``objective`` alone, or the line that says why it cannot tell."""
     from .importance import sweep_importances
-    from .study import sweep_study
 
-    path, sweep = find_experiment(name_or_path)
-    return sweep_importances(sweep, sweep_study(path, sweep))
+    sweep, trials, _ = swept_trials(name_or_path, with_runs=False)
+    objectives = [o.metric for o in sweep.search.ranked_on]
+    if objective is not None and objective not in objectives:
+        raise DetsweepError(f"--objective: found {objective}, expected one of the sweep's objectives: "
+                            f"{', '.join(objectives)}")
+    return sweep_importances(sweep, trials, objective=objective)
+
+
+def swept_trials(name_or_path: str, with_runs: bool = True) -> tuple[Sweep, list, str | None]:
+    """The sweep's study trials (:mod:`.study`) and its folder, from Tune's folder (the trials'
+    MLflow runs asked of its server ``with_runs``); when there is none and ``name_or_path``
+    names an experiment (a bare name, a sweep file), from its latest sweep in MLflow alone,
+    without a folder."""
+    from .study import study_of
+
+    try:
+        path, sweep = find_experiment(name_or_path)
+    except DetsweepError as no_folder:
+        named = name_or_path.endswith((".yaml", ".yml")) or ("/" not in name_or_path and not Path(name_or_path).exists())
+        if not named:
+            raise
+        try:
+            sweep, results = recorded_results(name_or_path)
+        except DetsweepError as no_runs:
+            raise DetsweepError(f"{no_folder}; nor in MLflow: {no_runs}") from None
+        return sweep, study_of(sweep, results), None
+    return sweep, study_of(sweep, read_results(path, sweep), stored_run_ids(path) if with_runs else None), path
 
 
 def stored_run_ids(path: str) -> dict[str, str]:
@@ -372,8 +401,8 @@ def stored_run_ids(path: str) -> dict[str, str]:
         return {}
 
 
-def summary(path: str, sweep: Sweep) -> dict[str, Any]:
-    trials = [asdict(row) for row in read_outcomes(path, sweep)]
+def summary(path: str, sweep: Sweep, results: SweepResults) -> dict[str, Any]:
+    trials = [asdict(row) for row in results.outcomes]
     finished = [row for row in trials if row["status"] in (TrialStatus.TERMINATED, TrialStatus.STOPPED)]
     cost = {key: sum(trial["cost"][key] for trial in trials) for key in ("cost/cpu_hours", "cost/gpu_hours")}
     return {"name": sweep.name, "path": path, "metric": sweep.search.metric, "mode": sweep.search.mode,

@@ -342,10 +342,11 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S,
 def replayed_importance(path: str, sweep: Sweep) -> list[dict] | str:
     """The replayed sweep's importance rows (:func:`.importance.importance_rows`), or the line
     that says why there are none."""
+    from .experiment import read_results
     from .importance import importance_rows, sweep_importances
-    from .study import sweep_study
+    from .study import study_of
 
-    found = sweep_importances(sweep, sweep_study(path, sweep))
+    found = sweep_importances(sweep, study_of(sweep, read_results(path, sweep)))
     return found if isinstance(found, str) else importance_rows(found)
 
 

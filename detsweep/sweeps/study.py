@@ -33,15 +33,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from detsweep.tracking.sweep_run import TrialStatus
 
-from .experiment import TrialOutcome
+from .experiment import Curves, SweepResults, TrialOutcome
 from .space import Parameter, is_used
 from .spec import Sweep
 
 STUDY_FILE = "study.journal"
 STEPS = "steps/"  # a multi-objective study's per-step values: user attribute "steps/<metric>"
 PRIMITIVE = (type(None), bool, int, float, str)
-
-Curves = dict[str, dict[str, dict[int, float]]]  # trial id → metric → step → value
 
 
 def study_trials(sweep: Sweep, outcomes: list[TrialOutcome], curves: Curves,
@@ -77,12 +75,9 @@ def study_trials(sweep: Sweep, outcomes: list[TrialOutcome], curves: Curves,
     return trials
 
 
-def sweep_study(path: str, sweep: Sweep, run_ids: Mapping[str, str] | None = None) -> list[FrozenTrial]:
-    """The frozen trials of the sweep whose Tune folder is ``path``."""
-    from .experiment import read_curves, read_outcomes
-
-    curves = read_curves(path, [objective.metric for objective in sweep.search.ranked_on])
-    return study_trials(sweep, read_outcomes(path, sweep), curves, run_ids)
+def study_of(sweep: Sweep, results: SweepResults, run_ids: Mapping[str, str] | None = None) -> list[FrozenTrial]:
+    """The frozen trials of the sweep's ``results``; ``run_ids`` where the results know none."""
+    return study_trials(sweep, results.outcomes, results.curves, run_ids or results.run_ids)
 
 
 def _ending(outcome: TrialOutcome, objectives: list, steps: dict[str, dict[int, float]]) -> tuple:

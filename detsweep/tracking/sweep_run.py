@@ -18,7 +18,7 @@ import detsweep
 from .backend import Backend
 from .pages import every_run
 from .provenance import run_environment_tags
-from .trial_run import INFEASIBLE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
+from .trial_run import ERROR_TAG, INFEASIBLE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
 
 RESULTS_TAG = "detsweep.results_path"
 OBJECTIVES_TAG = "detsweep.objectives"
@@ -188,8 +188,8 @@ def end_trial_run(client, run, trial: dict[str, Any]) -> None:
         client.set_tag(run_id, "early_stopped", "true")
     if trial.get("infeasible") and INFEASIBLE_TAG not in run.data.tags:  # its own write was lost
         client.set_tag(run_id, INFEASIBLE_TAG, trial["infeasible"])
-    if status == "FAILED" and trial.get("error") and "detsweep.error" not in run.data.tags:
-        client.set_tag(run_id, "detsweep.error", trial["error"][:5000])
+    if status == "FAILED" and trial.get("error") and ERROR_TAG not in run.data.tags:
+        client.set_tag(run_id, ERROR_TAG, trial["error"][:5000])
     if run.info.status != status:
         client.set_terminated(run_id, status)
 

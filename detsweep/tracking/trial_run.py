@@ -47,6 +47,7 @@ ROLE_TAG = "detsweep.role"
 PARENT_TAG = "mlflow.parentRunId"
 METRIC_TAG, MODE_TAG = "detsweep.metric", "detsweep.mode"  # what ranks the run's checkpoints
 REPLAYED_TAG = "detsweep.replayed_steps"
+ERROR_TAG = "detsweep.error"  # why a trial failed, as its run ended
 INFEASIBLE_TAG = "detsweep.infeasible"  # why a trial was never trained: the constraints its architecture breaks
 WORKER_FAILURES_TAG = "detsweep.worker_failures"
 MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limit
@@ -299,7 +300,7 @@ class TrialRun:
 
     def _log_error(self, error: str) -> None:
         self.client.log_text(self.run_id, error + "\n", "error.txt")
-        self.client.set_tag(self.run_id, "detsweep.error", error[:5000])
+        self.client.set_tag(self.run_id, ERROR_TAG, error[:5000])
 
     def close(self, timeout_s: float = 10.0) -> None:
         lost = self.writer.close(timeout_s)
