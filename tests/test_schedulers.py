@@ -253,14 +253,41 @@ def bohb_on_the_rate(num_samples: int, factor: int) -> str:
 """
 
 
-def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_they_paused(ray_driver, write, tmp_path):
+def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_they_paused(
+        local_cluster, write, tmp_path, monkeypatch):
     """BOHB's HyperBand counts reports (one every 10 steps here, 4 in all): with a factor of 2
     its largest bracket takes these 4 trials and ranks them at 1, 2 and 4 reports. Each waits,
     paused, at steps 10 and 20 for the others, and the better half goes on from its checkpoint
-    there: 4 × 10 + 2 × 10 + 1 × 20 = 80 steps, none reported twice."""
+    there: 4 × 10 + 2 × 10 + 1 × 20 = 80 steps, none reported twice. The replayed sweep as an
+    Optuna study (made from its Tune folder, as a sweep's end makes it): the two stopped at
+    step 10 and the one at 20 PRUNED there, the last COMPLETE at 40, every report an
+    intermediate value at its step, each trial its Tune id and seed."""
+    from detsweep.sweeps import replay as replay_module
+    from detsweep.sweeps.experiment import read_results
+    from detsweep.sweeps.importance import ready_before_ray
+    from detsweep.sweeps.study import study_of
+
+    studied = []
+
+    def with_its_study(path, sweep):  # the folder is gone once the replay ends
+        studied.extend(study_of(sweep, read_results(path, sweep)))
+        return importance_of(path, sweep)
+
+    importance_of = replay_module.replayed_importance
+    monkeypatch.setattr(replay_module, "replayed_importance", with_its_study)
     sweep = sweep_with(write, tmp_path, bohb_on_the_rate(4, 2), checkpoint_every=10)
-    report = replayed(write, sweep)
+    ready_before_ray()  # as ``replay --importance`` does
+    with connected_to(local_cluster):
+        report = json.loads(json.dumps(replay_module.replay(
+            sweep, replay_module.load_curves(curves_file(write), sweep), with_importance=True)))
     [run] = report["runs"]
+    assert sorted((t.state.name, max(t.intermediate_values)) for t in studied) == [
+        ("COMPLETE", 40), ("PRUNED", 10), ("PRUNED", 10), ("PRUNED", 20)], studied
+    for trial in studied:
+        assert sorted(trial.intermediate_values) == list(range(10, max(trial.intermediate_values) + 1, 10))
+        assert trial.value == trial.intermediate_values[max(trial.intermediate_values)]
+        assert trial.user_attrs["trial_id"] and trial.user_attrs["seed"] == sweep.base.train.seed
+        assert 0.01 <= trial.params[LR] <= 0.08
     assert run["trials"] == 4 and run["resumed"] >= 1 and run["reported_twice"] == 0, run
     assert (run["steps"], run["fifo_steps"]) == (80, 160), run
     assert run["nearest"] == 4  # BOHB draws rates of its own: each replays the nearest recorded one

@@ -195,6 +195,10 @@ def replay_command(args: argparse.Namespace) -> int:
     out = console.take_over(args.json)  # Tune's own lines: into a scratch log, dropped at the end
     import ray
 
+    if args.importance:
+        from detsweep.sweeps.importance import ready_before_ray
+
+        ready_before_ray()
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     with console.working(f"replaying {args.sweep} on {len(curves.configs)} recorded trials, {args.seeds} seed(s)"):
         report = replay(sweep, curves, args.seeds, with_importance=args.importance)

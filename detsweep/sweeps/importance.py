@@ -50,6 +50,14 @@ class Importance:
     fanova: dict[str, float]
 
 
+def ready_before_ray() -> None:
+    """scikit-learn (fANOVA's forest) adds variables to ``os.environ`` as it is first imported,
+    which can crash a process whose Ray threads read the environment at that moment (glibc's
+    ``setenv`` frees the array they read): a driver that will say which settings mattered
+    imports it before Ray starts."""
+    import sklearn  # noqa: F401
+
+
 class TooFew(Exception):
     """Too few trials at any evaluated step: the line says how many there are and how many it needs."""
 

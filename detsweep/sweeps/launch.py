@@ -115,7 +115,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     """Run the sweep to the end; returns the ``detsweep launch --json`` object. ``tags``: more
     tags for its MLflow run (a fine-tuning sweep's source); ``callbacks``: more Ray Tune callbacks;
     ``cluster_config``: the cluster's config file (its node types size the trials)."""
-    from detsweep.tracking import open_sweep_run, resolve_backend, trial_environment
+    from detsweep.tracking import open_sweep_run, resolve_backend
 
     from .progress import SweepProgress
     from .serving import measure_architectures
@@ -134,7 +134,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
         console.say(line)
     # before Ray starts and any trial trains: no training beside the measurements
     serving = measure_architectures(sweep, console.say) if sweep.search.measures_serving else None
-    connect(address, env=trial_environment())
+    connect_driver(address)
     capacity = sized_to_fit(sweep, address, given)
     fits = trials_at_once(sweep, capacity)
     path = save_sweep(sweep)
@@ -156,7 +156,7 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
     writing to the MLflow runs they had."""
     from ray import tune
 
-    from detsweep.tracking import backend_of, reopen_sweep_run, trial_environment
+    from detsweep.tracking import backend_of, reopen_sweep_run
 
     from .tuner import trainable
 
@@ -167,11 +167,21 @@ def resume(name_or_path: str, address: str | None = None, retry_errored: bool = 
     given = configured(cluster_config)
     preflight(Preflight(sweep.base, str(sweep.path), "base.", capacity=given, backend=backend_of(link), inputs=False))
     console.keep_log_in(path, f"resume-{time.strftime('%Y%m%d-%H%M%S')}.log")
-    connect(address, env=trial_environment())
+    connect_driver(address)
     sized_to_fit(sweep, address, given)
     reopen_sweep_run(link)
     tune.Tuner.restore(path, trainable(), resume_errored=retry_errored).fit()
     return finish(path, sweep, link, register)
+
+
+def connect_driver(address: str | None) -> None:
+    """Ray connected for a sweep's driver, which says at the end which settings mattered."""
+    from detsweep.tracking import trial_environment
+
+    from .importance import ready_before_ray
+
+    ready_before_ray()
+    connect(address, env=trial_environment())
 
 
 def finish(path: str, sweep: Sweep, link, register: bool) -> dict[str, Any]:
