@@ -1,6 +1,8 @@
 """Early stopping pays: the same sampled configurations of ``sweeps/quickstart.yaml`` run with
 FIFO (every trial to the full budget) and with the sweep's own scheduler; training steps spent
-and the best AP found by each.
+and the best AP found by each. Then FIFO's two best configurations rerun over 3 seeds
+(``detsweep rerun``, recorded as ``rerun``): the seeds' spread the scheduler's regret is
+judged against, and whether FIFO's own winner beats its runner-up.
 
     .venv/bin/python -m bench.early_stopping [--smoke] [--samples 16] [--set path=value ...]
 
@@ -9,7 +11,8 @@ Both sweeps use the quickstart's seeded random search, so they draw the same con
 recorded curves' budget (``RECORDING``: 300 steps, evaluated every 20), longer than the demo's
 160. On 2 cores the full run takes about 1.5 hours; ``--set base.train.num_steps=…`` runs a
 shorter one.
-``--smoke`` runs one trial of 4 steps, evaluated every 2, ranked at step 2.
+``--smoke`` runs two trials of 4 steps, evaluated every 2, ranked at step 2, and reruns them
+over 2 seeds.
 """
 
 from __future__ import annotations
@@ -39,6 +42,16 @@ def run_sweep(scheduler: str, samples: int, overrides: list[str], folder: Path) 
                                "search.time_budget_s=null", f"search.scheduler.type={scheduler}",
                                f"base.tracking.uri=sqlite:///{folder / 'mlflow.db'}", *overrides])
     return launch(sweep, register=False)
+
+
+def rerun_top(report: dict, top: int, seeds: int, folder: Path) -> dict:
+    """``detsweep rerun`` of the sweep ``report`` ran: its ``top`` configurations over ``seeds``
+    seeds, FIFO to the same budget; the rerun's ``--json`` object."""
+    from detsweep.sweeps.launch import launch, sweep_results
+    from detsweep.sweeps.rerun import plan_rerun
+
+    source, results, _ = sweep_results(report["path"], with_runs=False)
+    return launch(plan_rerun(report["path"], source, results, top, seeds, [], False, folder), register=False)
 
 
 def scheduler_settings(overrides: list[str]) -> dict:
@@ -91,12 +104,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
-    samples, overrides = (1, SMOKE + args.overrides) if args.smoke else (args.samples, RECORDING + args.overrides)
+    samples, overrides = (2, SMOKE + args.overrides) if args.smoke else (args.samples, RECORDING + args.overrides)
+    seeds = 2 if args.smoke else 3
     settings = scheduler_settings(overrides)
     name = NAMES.get(settings["scheduler"], settings["scheduler"])
     with tempfile.TemporaryDirectory() as folder:
         fifo = run_sweep("fifo", samples, overrides, Path(folder))
         stopping = run_sweep(settings["scheduler"], samples, overrides, Path(folder))
+        rerun = rerun_top(fifo, 2, seeds, Path(folder))
     metric = fifo["metric"]
     best = {"FIFO": fifo["best"]["metrics"][metric], name: stopping["best"]["metrics"][metric]}
     steps = {"FIFO": steps_spent(fifo), name: steps_spent(stopping)}
@@ -117,8 +132,39 @@ def main() -> None:
                  Target(f"FIFO's best {metric} - {name}'s", "<= 0.02", gap, gap <= 0.02)],
         notes=["Both sweeps drew the same configurations." if same else
                "**The two sweeps drew different configurations**: compare with care.",
-               noise_note(gaps, metric, settings["num_steps"])],
+               noise_note(gaps, metric, settings["num_steps"]), regret_note(name, gap, rerun["rerun"], metric)],
     ), args.out)
+    record_rerun(rerun, fifo, metric, settings, args.out)
+
+
+def regret_note(name: str, gap: float, rerun: dict, metric: str) -> str:
+    """The scheduler's regret beside the spread of FIFO's best configuration over the rerun's seeds."""
+    leader, *others = [row for row in rerun["rows"] if row["objective"] == metric]
+    lead = f"; FIFO's runner-up trails it by {others[0]['lead']:.3f} [{others[0]['lead_low']:.3f}, " \
+           f"{others[0]['lead_high']:.3f}]" if others and others[0]["lead_low"] is not None else ""
+    return (f"{name}'s regret {gap:.3f} beside the seeds' spread: rerun over {len(rerun['seeds'])} seeds, the better "
+            f"of FIFO's two best configurations scores {leader['mean']:.3f} ± {leader['std']:.3f}{lead}. "
+            f"{rerun['verdicts'][0]}")
+
+
+def record_rerun(rerun: dict, fifo: dict, metric: str, settings: dict, out) -> None:
+    """The rerun's table, as ``detsweep rerun`` prints it: each configuration's seeds, mean,
+    spread and the leader's paired lead with its interval."""
+    seeds = rerun["rerun"]["seeds"]
+    rows = [["rank in the FIFO sweep", "its single run", *(f"seed {seed}" for seed in seeds), "mean", "std",
+             "lead of the leader", "90 % low", "90 % high"]]
+    single = {trial["trial_id"]: trial["metrics"].get(metric) for trial in fifo["trials"]}
+    for row in rerun["rerun"]["rows"]:
+        if row["objective"] == metric:
+            rows.append([row["rank"], single.get(row["trial_id"]), *(row["seeds"].get(str(seed)) for seed in seeds),
+                         row["mean"], row["std"], row["lead"] if row["lead"] is not None else "leader",
+                         row["lead_low"] if row["lead"] is not None else "-",
+                         row["lead_high"] if row["lead"] is not None else "-"])
+    record("rerun", Entry(
+        title="Whether the winner is real: FIFO's two best quickstart configurations rerun over seeds (bench/early_stopping.py)",
+        settings={"sweep": "sweeps/quickstart.yaml, FIFO", "top": 2, "seeds": seeds,
+                  "num_steps": settings["num_steps"], "metric": metric},
+        rows=rows, notes=rerun["rerun"]["verdicts"]), out)
 
 
 if __name__ == "__main__":

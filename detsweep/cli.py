@@ -264,6 +264,9 @@ def format_ranking(report: dict[str, Any]) -> str:
         swept = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial["swept"].items())
         lines.append(f"{trial['run_id']:<34} {trial['trial_id'] or '-':<14} {trial['status']:<9} {value:>14}  {swept}")
         lines.append(f"{'':<34} checkpoint: {trial['checkpoint'] or 'none'}")
+        if trial.get("rerun"):  # its configuration trained again over seeds (detsweep rerun)
+            rerun = trial["rerun"]
+            lines.append(f"{'':<34} rerun: mean {rerun['mean']:.4g} ± {rerun['std']:.2g} over {rerun['seeds']} seeds")
         if rank == 0 and trial.get("environment"):  # the best trial's; a run older than the tags has none
             lines.append(f"{'':<34} ran on: {ran_on(trial['environment'])}")
     return "\n".join(lines)

@@ -24,9 +24,10 @@ RECORDS = {"allocator": {"allocator"}, "input_pipeline": {"input_pipeline"}, "zo
 RUN_BY = {"int8_export": "tests/test_int8_export.py"}
 
 # Benchmarks whose smoke run would only take a path these tests take on every run: a trial's
-# start and resume, a sweep under FIFO and under halving, the loop with and without Ray Train
-# and on two workers, two logical devices standing in for GPUs, a scheduler replayed on
-# recorded curves, a tracking server restarted under a trial's writes. ``make bench-smoke``
+# start and resume, a sweep under FIFO and under halving (its rerun over seeds:
+# tests/test_pareto_sweep.py), the loop with and without Ray Train and on two workers, two
+# logical devices standing in for GPUs, a scheduler replayed on recorded curves, a tracking
+# server restarted under a trial's writes. ``make bench-smoke``
 # runs them; the suite does not pay for them twice.
 PATH_TAKEN_BY = {"startup": "tests/test_sweep_runs.py", "early_stopping": "tests/test_sweep_runs.py",
                  "train_step": "tests/test_train.py", "scaling": "tests/test_train.py",

@@ -29,18 +29,11 @@ def by_hand(points: dict[str, tuple[float, float]], reference: tuple[float, floa
     return front, area
 
 
-def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(tmp_path):
-    """Three head depths, ranked on the val loss and the served latency, each architecture
-    measured once before the trials (every report Tune hears of a trial, and its run at step 0,
-    carry its cost); the deepest head breaks ``serve/params <= 6e6`` (7.3 M parameters): its
-    trial is recorded with its cost and never trained. The front over the two trained
-    trials and its hypervolume (up to the loss of the worst of them and the stated 1000 ms)
-    are what a hand computation from their runs' logged metrics gives, on the parent run
-    (``pareto.csv``, ``pareto.png``, ``pareto/hypervolume``), in ``launch --json``, and from
-    MLflow alone (``best --pareto``); each front model is a registered version tagged with its
-    place, and the champion is the best loss among the trials that met the constraint."""
-    from mlflow import MlflowClient
-
+@pytest.fixture(scope="module")
+def front_sweep(tmp_path_factory) -> tuple[Path, Path, object, dict]:
+    """Three head depths ranked on the val loss and the served latency, the deepest breaking
+    ``serve/params <= 6e6``: its folder, its file, the launch and ``launch --json``'s report."""
+    tmp_path = tmp_path_factory.mktemp("front")
     sweep = tiny_sweep(tmp_path, f"""
   algorithm: grid
   num_samples: 1
@@ -52,6 +45,22 @@ def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(tmp
     {HEADS}: {{grid: [0, 1, 4]}}
 """, num_steps=20, every=10, name="front")
     result, report = launch_json(str(sweep), cwd=tmp_path)
+    return tmp_path, sweep, result, report
+
+
+def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(front_sweep):
+    """Three head depths, ranked on the val loss and the served latency, each architecture
+    measured once before the trials (every report Tune hears of a trial, and its run at step 0,
+    carry its cost); the deepest head breaks ``serve/params <= 6e6`` (7.3 M parameters): its
+    trial is recorded with its cost and never trained. The front over the two trained
+    trials and its hypervolume (up to the loss of the worst of them and the stated 1000 ms)
+    are what a hand computation from their runs' logged metrics gives, on the parent run
+    (``pareto.csv``, ``pareto.png``, ``pareto/hypervolume``), in ``launch --json``, and from
+    MLflow alone (``best --pareto``); each front model is a registered version tagged with its
+    place, and the champion is the best loss among the trials that met the constraint."""
+    from mlflow import MlflowClient
+
+    tmp_path, _, result, report = front_sweep
     assert result.returncode == 0, result.stderr[-3000:]
     trials = {t["trial_id"]: t for t in report["trials"]}
     deep = {t for t, trial in trials.items() if trial["config"][HEADS] == 4}
@@ -113,8 +122,76 @@ def test_a_two_objective_sweep_hands_over_the_front_a_hand_computation_gives(tmp
     assert placed == {m["run_id"]: m["place"] for m in pareto["trials"]}
     best = min(points, key=lambda t: points[t][0])
     assert report["best"]["trial_id"] == best
+    registered = report["mlflow"]["registered_model"]  # (the rerun's test may crown another since)
+    champion = client.get_model_version("front", str(registered["version"]))
+    assert champion.tags["source_run_id"] == trials[best]["mlflow_run_id"] and registered["champion"] == registered["version"]
+
+
+T_95_1 = 6.313752  # Student's t, 95th percentile, 1 degree of freedom (a 90 % two-sided interval over 2 seeds)
+
+
+def test_a_rerun_of_the_two_trained_configurations_over_two_seeds_says_whether_the_lead_is_real(front_sweep):
+    """The sweep's two trained configurations (the third never trained) again, 10 steps each
+    on seeds 1 and 2 (the sweep used 0), FIFO, as a sweep of its own: each objective's table
+    holds the runs' final metrics, each lead is the paired t interval of their differences,
+    the verdicts are said, each seed's front counted; the rerun and its source are tagged
+    both ways; ``best`` ranks the source's trials alone, each with its rerun mean; and
+    ``--register`` crowns the best mean loss, with the table as the version's description;
+    resumed, the finished rerun ends with the same table."""
+    from mlflow import MlflowClient
+
+    from detsweep.tracking.sweep_run import RERUN_OF_TAG, RERUN_RANK_TAG, RERUN_TRIAL_TAG, RERUNS_TAG
+
+    tmp_path, _, _, source = front_sweep
+    result = run_cli("rerun", source["path"], "--top", "2", "--seeds", "2", "--set", "base.train.num_steps=10",
+                     "--json", "--register", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    rerun = report["rerun"]
+    trained = [t["trial_id"] for t in source["trials"] if t["status"] == "TERMINATED"]  # the source's order
+    assert rerun["seeds"] == [1, 2] and len(report["trials"]) == 4
+    assert {row["trial_id"] for row in rerun["rows"]} == set(trained)
+    client = MlflowClient(report["mlflow"]["tracking_uri"])
+    runs = [client.get_run(trial["mlflow_run_id"]) for trial in report["trials"]]
+    for row in rerun["rows"]:  # the table's values are the runs' final metrics
+        assert row["rank"] == trained.index(row["trial_id"]) + 1
+        for seed, value in row["seeds"].items():
+            [run] = [r for r in runs if r.data.tags[RERUN_TRIAL_TAG] == row["trial_id"] and r.data.params["train.seed"] == seed]
+            assert run.data.metrics[row["objective"]] == pytest.approx(value) and run.info.status == "FINISHED"
+            assert run.data.tags[RERUN_RANK_TAG] == str(row["rank"]) and int(run.data.params["train.num_steps"]) == 10
+    for objective in ("eval/loss", "serve/latency_ms"):  # both less-is-better: the lead is the 2nd's excess
+        leader, second = [row for row in rerun["rows"] if row["objective"] == objective]
+        differences = [second["seeds"][seed] - leader["seeds"][seed] for seed in ("1", "2")]
+        mean, half = sum(differences) / 2, T_95_1 * abs(differences[0] - differences[1]) / 2
+        assert leader["lead"] is None and leader["mean"] <= second["mean"]
+        assert (second["lead"], second["lead_low"], second["lead_high"]) == pytest.approx((mean, mean - half, mean + half))
+    assert all(verdict in result.stderr for verdict in rerun["verdicts"]) and len(rerun["verdicts"]) == 2
+    assert set(rerun["on_the_front"]) == set(trained) and sum(rerun["on_the_front"].values()) >= 2
+    # linked both ways, the table on the rerun's parent run
+    parent = report["mlflow"]["parent_run_id"]
+    assert client.get_run(parent).data.tags[RERUN_OF_TAG] == source["mlflow"]["parent_run_id"]
+    assert client.get_run(source["mlflow"]["parent_run_id"]).data.tags[RERUNS_TAG] == parent
+    assert "rerun.csv" in {a.path for a in client.list_artifacts(parent)}
+    loss_leader = next(row for row in rerun["rows"] if row["objective"] == "eval/loss" and row["lead"] is None)
+    assert client.get_run(parent).data.metrics[f"rerun/eval/loss/rank_{loss_leader['rank']}/mean"] == pytest.approx(
+        loss_leader["mean"])
+    # best: the source's trials alone, ranked, each trained one with its rerun's mean
+    shown = run_here("best", "front", "--json", cwd=tmp_path)
+    ranked = json.loads(shown.stdout)["trials"]
+    assert sorted(t["trial_id"] for t in ranked) == sorted(t["trial_id"] for t in source["trials"])
+    means = {row["trial_id"]: row["mean"] for row in rerun["rows"] if row["objective"] == "eval/loss"}
+    assert {t["trial_id"]: t["rerun"]["mean"] for t in ranked if t["rerun"]} == pytest.approx(means)
+    assert "rerun: mean" in run_here("best", "front", cwd=tmp_path).stdout
+    # registered by its mean: the champion, whatever the single-run champion scored
     champion = client.get_model_version_by_alias("front", "champion")
-    assert champion.tags["source_run_id"] == trials[best]["mlflow_run_id"]
+    assert int(champion.version) == report["mlflow"]["registered_model"]["version"]
+    assert champion.tags["rerun_of_trial"] == loss_leader["trial_id"] and champion.tags["rerun_seeds"] == "1,2"
+    assert float(champion.tags["score"]) == pytest.approx(loss_leader["mean"])
+    assert rerun["verdicts"][0] in champion.description
+    # a rerun is a sweep like any: resumed from its folder, it ends with the same table
+    resumed = run_cli("resume", report["path"], "--no-register", "--json", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["rerun"]["rows"] == rerun["rows"]
 
 
 def test_a_constraint_no_architecture_meets_is_one_line_before_ray_starts(tmp_path):

@@ -229,6 +229,8 @@ SETTINGS = [
     "with a 90 % interval; on the recorded sweep of `bench/curves.json` (24 configurations trained to step 300)",
     "deepest evaluated step that at least 20 trials reached (failed trials count nowhere). Fewer than 20 at every step",
     "with a top quantile of 10 %, or as much as holds 5 trials (at most 25 %)",
+    "the per-seed differences over the seeds both finished, with a 90 % t interval",
+    "a sweep with fewer than 2 configurations whose trials ended without",
     "(waiting up to 15 s for them all, a monitor still starting included, before the up to 60 s it gives its "
     "run's own writes)",
 ]

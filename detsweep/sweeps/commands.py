@@ -1,4 +1,4 @@
-"""``detsweep validate``, ``launch``, ``status``, ``study``, ``importance``, ``resume`` and ``replay``, and how a
+"""``detsweep validate``, ``launch``, ``rerun``, ``status``, ``study``, ``importance``, ``resume`` and ``replay``, and how a
 sweep's trials are printed (``finetune --sweep`` prints its sweep the same way).
 
 Commands import Ray, Tune and MLflow when they run, so ``detsweep --help`` answers at once.
@@ -42,6 +42,22 @@ def add_sweep_commands(commands: Any) -> None:
     launch.add_argument("--json", action="store_true", help='print {"name", "path", "trials", "best", "mlflow"} at the end')
     add_verbose(launch)
     launch.add_argument("--no-register", action="store_true", help="do not register the best model in MLflow")
+
+    rerun = add_command(commands, "rerun", rerun_command, "train a finished sweep's best configurations again over "
+                        "seeds, and say whether the winner's lead is larger than their spread")
+    rerun.add_argument("sweep", help=RESULTS_HELP)
+    rerun.add_argument("--top", type=int, default=3, metavar="K",
+                       help="the K best configurations trained to the end (default: 3)")
+    rerun.add_argument("--seeds", type=int, default=3, metavar="S",
+                       help="seeds per configuration, the same for each, none the sweep used (default: 3)")
+    add_overrides(rerun, "override the rerun's sweep, e.g. --set base.train.num_steps=40")
+    rerun.add_argument("--address", help="a running Ray cluster, e.g. auto or ray://head:10001")
+    rerun.add_argument("--cluster-config", metavar="FILE", help=CLUSTER_CONFIG_HELP)
+    rerun.add_argument("--json", action="store_true", help='print launch --json\'s object with "rerun": the tables')
+    rerun.add_argument("--register", action="store_true",
+                       help="make the best configuration by its mean the registered champion (a mean is another claim "
+                            "than one run's score: it replaces the champion whatever that scored)")
+    add_verbose(rerun)
 
     status = add_command(commands, "status", status_command, "show the trials of a sweep, finished or not (starts nothing)")
     status.add_argument("sweep", help=SWEEP_HELP)
@@ -148,6 +164,21 @@ def status_command(args: argparse.Namespace) -> int:
 
     sweep_summary(status(args.sweep), args.json, sys.stdout)
     return 0
+
+
+def rerun_command(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from detsweep.sweeps.launch import launch, sweep_results
+    from detsweep.sweeps.rerun import plan_rerun
+
+    source, results, _ = sweep_results(args.sweep, with_runs=False)
+    with tempfile.TemporaryDirectory(prefix="detsweep-rerun-") as folder:
+        sweep = plan_rerun(args.sweep, source, results, args.top, args.seeds, args.overrides, args.register, Path(folder))
+        out = console.take_over(args.json, args.verbose)
+        report = launch(sweep, args.address, register=args.register, cluster_config=args.cluster_config)
+    return sweep_summary(report, args.json, out)
 
 
 def study_command(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from detsweep.cluster import RAY_RESULTS, check_bucket
 from detsweep.config import ScalingConfig
 from detsweep.errors import DetsweepError, failure_reason
 from detsweep.tracking.sweep_run import TrialStatus
+from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import INFEASIBLE, swept_values
 
 from .space import swept_paths
@@ -50,8 +51,9 @@ def as_run(sweep: Sweep) -> dict[str, Any]:
     scheduler["mutations"] = {path: p.model_dump(mode="json", exclude_none=True)
                               for path, p in sweep.search.scheduler.mutations.items()}
     search["scheduler"] = scheduler
+    rerun = {"rerun": sweep.rerun.model_dump(mode="json")} if sweep.rerun else {}
     return {"name": sweep.name, "base": sweep.base.model_dump(mode="json"), "search": search,
-            "storage": storage_path(sweep)}
+            "storage": storage_path(sweep), **rerun}
 
 
 def save_sweep(sweep: Sweep) -> str:
@@ -128,11 +130,13 @@ Curves = dict[str, dict[str, dict[int, float]]]  # trial id → metric → step 
 
 @dataclass(frozen=True)
 class SweepResults:
-    """A sweep's trials, the best first; each one's objectives by step; its MLflow run, where known."""
+    """A sweep's trials, the best first; each one's objectives by step; its MLflow run, where
+    known; the sweep's MLflow runs (its tracking server and parent run)."""
 
     outcomes: list[TrialOutcome]
     curves: Curves
     run_ids: dict[str, str] = field(default_factory=dict)
+    link: RunLink | None = None
 
 
 def read_results(path: str, sweep: Sweep) -> SweepResults:
@@ -157,7 +161,8 @@ def read_results(path: str, sweep: Sweep) -> SweepResults:
                                   if not math.isinf(_number(value))}
                          for metric in objectives if "step" in frame and metric in frame}
               for trial_id, frame in analysis.trial_dataframes.items()}
-    return SweepResults(ranked(rows, sweep), curves)
+    link = next((RunLink(**trial.config["tracking"]) for trial in analysis.trials if trial.config.get("tracking")), None)
+    return SweepResults(ranked(rows, sweep), curves, link=link)
 
 
 def recorded_results(name_or_file: str) -> tuple[Sweep, SweepResults]:
@@ -188,7 +193,7 @@ def recorded_results(name_or_file: str) -> tuple[Sweep, SweepResults]:
                          trial.run.data.tags.get(INFEASIBLE_TAG))
             for trial in trials]
     return sweep, SweepResults(ranked(rows, sweep), {trial.trial_id: trial.histories for trial in trials},
-                               {trial.trial_id: trial.run.info.run_id for trial in trials})
+                               {trial.trial_id: trial.run.info.run_id for trial in trials}, link)
 
 
 def recorded_values(run, paths: list[str]) -> dict[str, Any]:
@@ -228,11 +233,9 @@ def ranked(rows: list[TrialOutcome], sweep: Sweep) -> list[TrialOutcome]:
     return sorted(rows, key=rank)
 
 
-def stored_run_link(path: str):
+def stored_run_link(path: str) -> RunLink:
     """The MLflow runs the sweep at ``path`` writes to, as its trials were given them."""
     from ray.tune import ExperimentAnalysis
-
-    from detsweep.tracking import RunLink
 
     for trial in ExperimentAnalysis(path).trials:
         if trial.config.get("tracking"):

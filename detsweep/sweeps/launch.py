@@ -83,7 +83,7 @@ def sample(sweep: Sweep, rng: random.Random, point: dict[str, Any]) -> dict[str,
 
     drawn = dict(point)
     for dotted, parameter in sweep.search.space.items():
-        if parameter.is_grid:
+        if parameter.is_grid or dotted in point:  # a grid's value, or a point's (search.points), stands
             continue
         domain = parameter.domain()
         value = domain.sample(random_state=np.random.RandomState(rng.randrange(2**31))) if isinstance(domain, Domain) else domain
@@ -139,6 +139,10 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     fits = trials_at_once(sweep, capacity)
     path = save_sweep(sweep)
     console.keep_log_in(path, f"launch-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    if sweep.rerun and sweep.rerun.source_run:
+        from detsweep.tracking.sweep_run import RERUN_OF_TAG
+
+        tags = {RERUN_OF_TAG: sweep.rerun.source_run, **(tags or {})}
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps, capacity=capacity)
@@ -209,7 +213,14 @@ def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool, resul
     if sweep.search.objectives:
         front = front.with_runs(run_ids) if front else None
         report["pareto"] = front.to_dict() if front else None
-    registered, why_not = register_models(report, sweep, link, front) if register else (None, "--no-register")
+    if sweep.rerun:
+        from .rerun import record_rerun
+
+        report["rerun"], leader = record_rerun(sweep, results, link, run_ids)
+        registered, why_not = (register_mean(report, sweep, link, leader) if register and sweep.rerun.register_mean
+                               else (None, "a rerun registers its best mean only with --register"))
+    else:
+        registered, why_not = register_models(report, sweep, link, front) if register else (None, "--no-register")
     if why_not:
         console.say(f"MLflow: nothing registered: {why_not}")
     report["mlflow"] = {"tracking_uri": link.uri, "experiment_id": link.experiment_id,
@@ -306,6 +317,50 @@ def register_models(report: dict[str, Any], sweep: Sweep, link, front) -> tuple[
     return registered, why_not
 
 
+def register_mean(report: dict[str, Any], sweep: Sweep, link, leader) -> tuple[dict[str, Any] | None, str | None]:
+    """A rerun's best configuration by its mean (``leader``, a :class:`.rerun.RerunRow` on the
+    sweep's metric) registered as the source's champion, whatever the champion scored in one
+    run (a mean is another claim): its seed nearest the mean stands for it, the table and the
+    seeds in the version's description and tags. Once: a resumed rerun finds its version."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from detsweep.export.registry import CHAMPION
+
+    from .rerun import SEED, configuration
+
+    if leader is None:
+        return None, f"no configuration finished a seed with {sweep.search.metric}"
+    seed = min(leader.values, key=lambda each: abs(leader.values[each] - leader.mean))
+    trial = next((t for t in report["trials"] if t["config"].get(SEED) == seed
+                  and configuration(t["config"]) == sweep.search.points[leader.rank - 1]), None)
+    if trial is None or not trial.get("mlflow_run_id"):
+        return None, f"the leader's seed {seed} has no trial run in MLflow"
+    client, name = MlflowClient(link.uri), sweep.rerun.source_name
+    seeds = ",".join(map(str, sorted(leader.values)))
+    try:
+        if found := [v for v in client.search_model_versions(f"run_id = '{trial['mlflow_run_id']}'") if v.name == name]:
+            console.say(f"MLflow: {name} version {found[0].version} already holds this rerun's mean")
+            return {"name": name, "version": int(found[0].version), "model_uri": found[0].source, "champion": None}, None
+        tags = {"rerun_mean": repr(leader.mean), "rerun_std": repr(leader.std), "rerun_seeds": seeds,
+                "rerun_of_trial": leader.trial_id, "rerun_run_id": link.parent_run_id}
+        done, missing = register_one(link, sweep, trial, tags, crown=False)
+        if not done:
+            return None, missing
+        version = str(done["version"])
+        # the claim is the mean's: the champion it replaces scored one run, which is not comparable
+        client.set_model_version_tag(name, version, "metric", f"mean {sweep.search.metric} over {len(leader.values)} seeds")
+        client.set_model_version_tag(name, version, "score", repr(leader.mean))
+        client.update_model_version(name, version, description="\n".join(report["rerun"]["lines"]))
+        client.set_registered_model_alias(name, CHAMPION, version)
+    except (MlflowException, OSError) as error:  # refused, or the server went away
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return None, f"the rerun's mean: MLflow at {link.uri} refused or failed ({first})"
+    console.say(f"MLflow: registered {name} version {version}, the champion by its mean over seeds {seeds} "
+                f"(trial {trial['trial_id']}'s weights, seed {seed}, nearest the mean)")
+    return done | {"champion": done["version"]}, None
+
+
 def register_one(link, sweep: Sweep, trial: dict[str, Any], tags: dict[str, str],
                  crown: bool) -> tuple[dict[str, Any] | None, str | None]:
     """The trial's best checkpoint registered under the sweep's name; or None and why not."""
@@ -318,7 +373,8 @@ def register_one(link, sweep: Sweep, trial: dict[str, Any], tags: dict[str, str]
         if not checkpoint:
             return None, missing
         with console.working(f"registering trial {trial['trial_id']}'s model in MLflow"):
-            return register_trial(link, sweep.name, trial, checkpoint, sweep.search.metric, sweep.search.mode, tags,
+            name = sweep.rerun.source_name if sweep.rerun else sweep.name  # a rerun's models are its source's
+            return register_trial(link, name, trial, checkpoint, sweep.search.metric, sweep.search.mode, tags,
                                   crown=crown), None
     except (MlflowException, OSError) as error:  # refused, or the server went away (requests' errors are OSErrors)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -377,12 +433,17 @@ def importance(name_or_path: str, objective: str | None = None) -> list | str:
 
 
 def swept_trials(name_or_path: str, with_runs: bool = True) -> tuple[Sweep, list, str | None]:
-    """The sweep's study trials (:mod:`.study`) and its folder, from Tune's folder (the trials'
-    MLflow runs asked of its server ``with_runs``); when there is none and ``name_or_path``
-    names an experiment (a bare name, a sweep file), from its latest sweep in MLflow alone,
-    without a folder."""
+    """The sweep's study trials (:mod:`.study`) and its folder, as :func:`sweep_results` reads them."""
     from .study import study_of
 
+    sweep, results, path = sweep_results(name_or_path, with_runs)
+    return sweep, study_of(sweep, results), path
+
+
+def sweep_results(name_or_path: str, with_runs: bool = True) -> tuple[Sweep, SweepResults, str | None]:
+    """The sweep, its results and its folder, from Tune's folder (the trials' MLflow runs asked
+    of its server ``with_runs``); when there is none and ``name_or_path`` names an experiment
+    (a bare name, a sweep file), from its latest sweep in MLflow alone, without a folder."""
     try:
         path, sweep = find_experiment(name_or_path)
     except DetsweepError as no_folder:
@@ -393,8 +454,9 @@ def swept_trials(name_or_path: str, with_runs: bool = True) -> tuple[Sweep, list
             sweep, results = recorded_results(name_or_path)
         except DetsweepError as no_runs:
             raise DetsweepError(f"{no_folder}; nor in MLflow: {no_runs}") from None
-        return sweep, study_of(sweep, results), None
-    return sweep, study_of(sweep, read_results(path, sweep), stored_run_ids(path) if with_runs else None), path
+        return sweep, results, None
+    results = read_results(path, sweep)
+    return sweep, replace(results, run_ids=stored_run_ids(path)) if with_runs else results, path
 
 
 def stored_run_ids(path: str) -> dict[str, str]:

@@ -80,6 +80,8 @@ class SearchSpec(Section):
     scheduler: SchedulerSpec = SchedulerSpec()
     include: list[str] = Field(default_factory=list, description="space files, relative to the sweep file")
     space: dict[str, Parameter] = Field(default_factory=dict)
+    points: list[dict[str, Any]] = Field(default_factory=list, description="configurations trained as they are "
+                                         "(swept path: value), each crossed with the grid parameters (algorithm grid)")
     serving_cost: bool | Literal["int8"] = Field(False, description="measure each architecture the space holds "
                                                  "before the trials start: serve/latency_ms, serve/size_mb, serve/params "
                                                  "on every trial (int8: serve/int8_latency_ms, serve/int8_size_mb too)")
@@ -143,8 +145,13 @@ class SearchSpec(Section):
         if self.algorithm == "optuna" and self.scheduler.type == "halving":  # its limiter counts paused trials as running
             raise invalid("algorithm", self.algorithm, "random or grid with scheduler halving (it pauses every trial at "
                                                        "a rung until all have reached it)")
-        if self.algorithm == "grid" and not has_grid:
-            raise invalid("algorithm", self.algorithm, "a space with at least one grid parameter")
+        if self.algorithm == "grid" and not (has_grid or self.points):
+            raise invalid("algorithm", self.algorithm, "a space with at least one grid parameter, or points")
+        if self.points and self.algorithm != "grid":
+            raise invalid("algorithm", self.algorithm, "grid with points (each point is a grid point)")
+        for index, point in enumerate(self.points):
+            if unswept := sorted(set(point) - set(self.space)):
+                raise invalid(f"points[{index}]", unswept, f"paths of the space ({', '.join(self.space)})")
         scheduler = self.scheduler
         self._objectives_fit()
         if scheduler.type == "fifo" and (scheduler.metric or scheduler.mode):
@@ -182,11 +189,25 @@ class SearchSpec(Section):
                                                                      "on every objective)")
 
 
+class RerunSpec(Section):
+    """A sweep that trains another sweep's top configurations again over seeds (``detsweep
+    rerun``): its ``search.points`` are ``trials``' configurations, in the order the source
+    ranked them, and ``train.seed`` is a grid of ``seeds``."""
+
+    source: str = Field(description="the source sweep as it was named: its folder, file or name")
+    source_name: str = Field(description="the source sweep's name: its registered model's")
+    source_run: str | None = Field(None, description="the source sweep's MLflow parent run")
+    trials: list[str] = Field(min_length=1, description="the source trials whose configurations are the points, the best first")
+    seeds: list[int] = Field(min_length=2)
+    register_mean: bool = Field(False, description="the best configuration by its mean becomes the registered champion")
+
+
 class SweepFile(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*$")
     base: dict[str, Any]
     search: SearchSpec = SearchSpec()
     storage: str | None = Field(None, description="a folder or s3:// / gs:// URI; None: Ray's default")
+    rerun: RerunSpec | None = None
 
 
 # Mappings keyed by dotted trial-config paths, and the fields of their values (for --set).
@@ -203,6 +224,7 @@ class Sweep:
     base: TrialConfig
     search: SearchSpec
     storage: str | None
+    rerun: RerunSpec | None = None
 
 
 def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> Sweep:
@@ -222,7 +244,7 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> Sweep:
         _check_reports_carry_the_metric(base, path, spec.search.scheduler.metric, "search.scheduler.metric")
     _check_the_scheduler_fits(spec.search, base.train, path)
     _check_the_searcher_is_installed(spec.search, path)
-    return Sweep(spec.name, path, spec.base, base, spec.search, spec.storage)
+    return Sweep(spec.name, path, spec.base, base, spec.search, spec.storage, spec.rerun)
 
 
 def _resolve_base(base: Any, sweep_path: Path) -> dict[str, Any]:
@@ -327,11 +349,17 @@ def _check_objectives_are_known(search: SearchSpec, base: TrialConfig, path: Pat
 
 
 def grid_of(sweep: Sweep) -> list[dict[str, Any]]:
-    """The sweep's grid points (see ``grid_points``); none when no parameter is a grid."""
-    space = sweep.search.space
+    """The sweep's grid points (see ``grid_points``), each of its ``points`` crossed with them
+    (a point's own value wins); none when no parameter is a grid and there are no points."""
+    space, points = sweep.search.space, sweep.search.points
     if not any(parameter.is_grid for parameter in space.values()):
-        return []
-    return grid_points(space, sweep.base.model_dump(mode="json"))
+        return [dict(point) for point in points]
+    grid = grid_points(space, sweep.base.model_dump(mode="json"))
+    if not points:
+        return grid
+    crossed = {repr(sorted(merged.items())): merged for point in points for merged in
+               ({**combination, **point} for combination in grid)}  # a grid the points set collapses
+    return list(crossed.values())
 
 
 def is_architecture(dotted: str) -> bool:

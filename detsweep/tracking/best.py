@@ -30,6 +30,7 @@ class RankedTrial:
     value: float | None
     swept: dict[str, Any]
     checkpoint: Any = None  # its best READY checkpoint by the ranking metric (a LoggedModel), if any
+    rerun: dict[str, Any] | None = None  # its configuration trained again over seeds (detsweep rerun): mean, std, seeds
 
     @property
     def has_checkpoint(self) -> bool:
@@ -47,6 +48,7 @@ class RankedTrial:
             "checkpoint": model_uri(self.checkpoint) if self.has_checkpoint else None,
             "checkpoint_step": step_of(self.checkpoint) if self.has_checkpoint else None,
             "environment": environment_of(run.data.tags),  # what the trial's process ran on
+            "rerun": self.rerun,
         }
 
 
@@ -79,7 +81,7 @@ class Ranking:
 
 def rank_trials(client, name: str, backend: Backend, metric: str | None = None, mode: str | None = None) -> Ranking:
     """Every trial run of the experiment, ranked by ``metric`` (default: the latest sweep's)."""
-    sweeps, swept_paths, trials = _sweeps_and_trials(client, name, backend)
+    sweeps, swept_paths, trials, reruns = _sweeps_and_trials(client, name, backend)
     latest = sweeps[0].data.params if sweeps else {}
     metric = metric or latest.get("search.metric", "eval/AP_best")
     mode = mode or latest.get("search.mode", "max")
@@ -87,10 +89,22 @@ def rank_trials(client, name: str, backend: Backend, metric: str | None = None, 
     for model in checkpoints(client, list({run.info.experiment_id for run in trials})):
         saved.setdefault(model.source_run_id, []).append(model)
     ranked = [RankedTrial(run, _value(run, metric), _swept(run, swept_paths),
-                          best_of(saved.get(run.info.run_id, []), metric, mode)) for run in trials]
+                          best_of(saved.get(run.info.run_id, []), metric, mode),
+                          _rerun_mean(reruns.get(run.data.tags.get(TRIAL_TAG), []), metric)) for run in trials]
     sign = -1.0 if mode == "max" else 1.0
     ranked.sort(key=lambda row: (row.value is None, sign * row.value if row.value is not None else 0.0))
     return Ranking(name, backend.uri, metric, mode, [sweep.info.run_id for sweep in sweeps], ranked)
+
+
+def _rerun_mean(runs: list, metric: str) -> dict[str, Any] | None:
+    """The mean and standard deviation of ``metric`` over a configuration's finished reruns."""
+    import statistics
+
+    values = [value for run in runs if run.info.status == "FINISHED" and (value := _value(run, metric)) is not None]
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "seeds": len(values)}
 
 
 def front_of(client, name: str, backend: Backend):
@@ -100,7 +114,7 @@ def front_of(client, name: str, backend: Backend):
     from .front import Candidate, pareto_front
     from .sweep_run import OBJECTIVES_TAG
 
-    sweeps, paths, trials = _sweeps_and_trials(client, name, backend)
+    sweeps, paths, trials, _ = _sweeps_and_trials(client, name, backend)
     stated = next((json.loads(sweep.data.tags[OBJECTIVES_TAG]) for sweep in sweeps if OBJECTIVES_TAG in sweep.data.tags), None)
     if stated is None:
         raise DetsweepError(f"experiment {name!r} at {backend.uri}: no sweep of it has search.objectives, expected a "
@@ -122,7 +136,7 @@ def recorded_curves(client, name: str, backend: Backend, metrics: list[str]) -> 
     (``train.num_steps``), its swept values and the histories of ``metrics`` and of every
     training and evaluation metric, merged by step: learning curves to replay. A trial stopped
     early or failed has no full curve: left out."""
-    _, paths, trials = _sweeps_and_trials(client, name, backend)
+    _, paths, trials, _ = _sweeps_and_trials(client, name, backend)
     curves = []
     for run in trials:
         first = client.get_metric_history(run.info.run_id, metrics[0])
@@ -141,15 +155,31 @@ def recorded_curves(client, name: str, backend: Backend, metrics: list[str]) -> 
     return sorted(paths), curves
 
 
-def _sweeps_and_trials(client, name: str, backend: Backend) -> tuple[list, set[str], list]:
-    """The experiment's sweep runs (the latest first), the paths they swept, and its trial runs."""
+def _sweeps_and_trials(client, name: str, backend: Backend) -> tuple[list, set[str], list, dict[str, list]]:
+    """The experiment's sweep runs (the latest first), the paths they swept, its trial runs, and
+    its latest rerun's trial runs (``detsweep rerun``) by the source trial each trains again,
+    apart: a rerun is neither ranked among the trials it measures again nor one of the sweeps
+    (and two reruns, each with its own seeds and budget, are not pooled)."""
+    from .sweep_run import RERUN_OF_TAG, RERUN_TRIAL_TAG
+    from .trial_run import PARENT_TAG
+
     experiment = find_experiment(client, name, backend)
-    sweeps = sweep_runs(client, experiment.experiment_id)
+    every = sweep_runs(client, experiment.experiment_id)
+    reruns = {sweep.info.run_id for sweep in every if RERUN_OF_TAG in sweep.data.tags}
+    sweeps = [sweep for sweep in every if sweep.info.run_id not in reruns]
     paths = {key.removeprefix("space.") for sweep in sweeps for key in sweep.data.params if key.startswith("space.")}
-    trials = every_run(client, [experiment.experiment_id], f"tags.`{ROLE_TAG}` = 'trial'")
+    latest = {sweep.info.run_id: place for place, sweep in enumerate(every)}  # 0: the latest
+    trials, again = [], {}
+    for run in every_run(client, [experiment.experiment_id], f"tags.`{ROLE_TAG}` = 'trial'"):
+        parent = run.data.tags.get(PARENT_TAG)
+        if parent not in reruns:
+            trials.append(run)
+        elif RERUN_TRIAL_TAG in run.data.tags:
+            again.setdefault(run.data.tags[RERUN_TRIAL_TAG], {}).setdefault(parent, []).append(run)
+    again = {trial_id: by_parent[min(by_parent, key=latest.__getitem__)] for trial_id, by_parent in again.items()}
     if not trials:
         raise DetsweepError(f"experiment {name!r} at {backend.uri}: no trial runs (has a sweep of it run yet?)")
-    return sweeps, paths, trials
+    return sweeps, paths, trials, again
 
 
 def _typed(value: Any) -> Any:

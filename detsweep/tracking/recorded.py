@@ -14,7 +14,7 @@ from detsweep.errors import DetsweepError
 
 from .backend import Backend
 from .best import find_experiment, sweep_runs
-from .sweep_run import TrialStatus, trial_runs
+from .sweep_run import RERUN_OF_TAG, TrialStatus, trial_runs
 from .trial_run import INFEASIBLE_TAG, RunLink
 
 SWEEP_ARTIFACT = "sweep.yaml"  # what the parent run keeps of the sweep (:func:`.sweep_run.open_sweep_run`)
@@ -31,9 +31,10 @@ class RecordedTrial:
 
 
 def latest_sweep(client, name: str, backend: Backend) -> tuple[RunLink, str]:
-    """The latest sweep of experiment ``name``: its parent run, and its ``sweep.yaml`` as text."""
+    """The latest sweep of experiment ``name`` (a rerun of one aside): its parent run, and its
+    ``sweep.yaml`` as text."""
     experiment = find_experiment(client, name, backend)
-    sweeps = sweep_runs(client, experiment.experiment_id)
+    sweeps = [run for run in sweep_runs(client, experiment.experiment_id) if RERUN_OF_TAG not in run.data.tags]
     if not sweeps:
         raise DetsweepError(f"experiment {name!r} at {backend.uri}: no sweep runs (expected a sweep's experiment)")
     parent = sweeps[0].info.run_id

@@ -22,6 +22,10 @@ from .trial_run import ERROR_TAG, INFEASIBLE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TA
 
 RESULTS_TAG = "detsweep.results_path"
 OBJECTIVES_TAG = "detsweep.objectives"
+RERUN_OF_TAG = "detsweep.rerun_of"  # on a rerun's parent run (detsweep rerun): its source sweep's parent run
+RERUNS_TAG = "detsweep.reruns"  # on a source's parent run: its reruns' parent runs
+RERUN_TRIAL_TAG = "detsweep.rerun_of_trial"  # on a rerun's trial run: the source trial it trains again
+RERUN_RANK_TAG = "detsweep.rerun_rank"  # … and that trial's place in the source
 
 
 
