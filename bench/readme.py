@@ -73,6 +73,11 @@ def halving_live(entry: dict) -> str:
     return f"{percent(steps / fifo_steps)} ({steps} of {fifo_steps}); {best:.3f} against {fifo_best:.3f}"
 
 
+def rerun_lead(entry: dict) -> str:
+    (_, single, *_, mean, std, _, _, _), (*_, lead, low, high) = entry["rows"][1:3]
+    return f"{mean:.3f} ± {std:.3f} against {single:.3f}; {lead:.3f} [{low:.3f}, {high:.3f}]"
+
+
 REPLAYED = ("ASHA on eval/AP_best from step 40", "quickstart (sweeps/quickstart.yaml)",
             "BOHB + HyperBand on eval/AP_best (factor 3)")
 
@@ -146,6 +151,8 @@ FIGURES: list[tuple[str, str, Figure]] = [
      "input_pipeline", pipeline_per_thread),
     ("live, 16 quickstart configurations to step 300: halving's training steps against FIFO's; its best eval/AP_best "
      "against FIFO's", "early_stopping", halving_live),
+    ("FIFO's two best of those rerun over 3 other seeds: the best's mean ± std against its single run; its paired "
+     "lead over the 2nd with its 90 % interval", "rerun", rerun_lead),
     ("replayed, 20 seeds: share of FIFO's steps and median regret of ASHA from step 40; the quickstart's "
      "halving; BOHB with HyperBand", "replay_settings", replayed),
     ("the model zoo's RetinaNet as imported (ResNet-50 FPN, levels 3-7), batch 2, 2 cores: seconds per step "
@@ -196,13 +203,36 @@ def render_export_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+RERUN_BEGIN = "<!-- rerun:begin (written by bench/run_all.py from bench/results.json) -->"
+RERUN_END = "<!-- rerun:end -->"
+
+
+def render_rerun_table(results: dict) -> str:
+    """The recorded rerun (``rerun``): each configuration's single run, its seeds, mean and
+    spread, the leader's lead with its interval, and the verdict."""
+    entry = results.get("rerun")
+    if entry is None:
+        return "\n".join([RERUN_BEGIN, "not recorded", RERUN_END])
+    header, *rows = entry["rows"]
+    lines = [RERUN_BEGIN, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(f"{value:.3f}" if isinstance(value, float) else str(value) for value in row) + " |"
+              for row in rows]
+    settings = entry["settings"]
+    lines += ["", f"{' '.join(note.rstrip('.') + '.' for note in entry['notes'])} Recorded `rerun`, "
+              f"{entry['date'][:10]}: {settings['sweep']}, "
+              f"{settings['num_steps']} steps.", "", RERUN_END]
+    return "\n".join(lines)
+
+
 def cell(value) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
 def rewrite(text: str, results: dict) -> str:
-    """``text`` (README) with its figures table and its export table rendered anew."""
+    """``text`` (README) with its figures table, its export table and its rerun table rendered anew."""
     start, end = text.index(BEGIN), text.index(END) + len(END)
     text = text[:start] + render_figures(results) + text[end:]
     start, end = text.index(EXPORT_BEGIN), text.index(EXPORT_END) + len(EXPORT_END)
-    return text[:start] + render_export_table(results) + text[end:]
+    text = text[:start] + render_export_table(results) + text[end:]
+    start, end = text.index(RERUN_BEGIN), text.index(RERUN_END) + len(RERUN_END)
+    return text[:start] + render_rerun_table(results) + text[end:]
