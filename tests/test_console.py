@@ -126,6 +126,7 @@ BAD_INPUTS = {
     "launch": ["launch", "bad.yaml"],
     "status": ["status", "."],
     "study": ["study", "nosuch"],  # neither a folder nor an MLflow experiment
+    "rerun": ["rerun", "nosuch"],
     "importance": ["importance", "."],
     "resume": ["resume", "."],
     "replay": ["replay", "bad.yaml", "bad.yaml"],
