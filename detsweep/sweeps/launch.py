@@ -326,6 +326,7 @@ def register_mean(report: dict[str, Any], sweep: Sweep, link, leader) -> tuple[d
     from mlflow.exceptions import MlflowException
 
     from detsweep.export.registry import CHAMPION
+    from detsweep.tracking.pages import every_model_version
 
     from .rerun import SEED, configuration
 
@@ -339,7 +340,7 @@ def register_mean(report: dict[str, Any], sweep: Sweep, link, leader) -> tuple[d
     client, name = MlflowClient(link.uri), sweep.rerun.source_name
     seeds = ",".join(map(str, sorted(leader.values)))
     try:
-        if found := [v for v in client.search_model_versions(f"run_id = '{trial['mlflow_run_id']}'") if v.name == name]:
+        if found := [v for v in every_model_version(client, f"run_id = '{trial['mlflow_run_id']}'") if v.name == name]:
             console.say(f"MLflow: {name} version {found[0].version} already holds this rerun's mean")
             return {"name": name, "version": int(found[0].version), "model_uri": found[0].source, "champion": None}, None
         tags = {"rerun_mean": repr(leader.mean), "rerun_std": repr(leader.std), "rerun_seeds": seeds,

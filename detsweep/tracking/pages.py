@@ -42,6 +42,12 @@ def every_logged_model(client, experiment_ids: list[str], filter_string: str | N
         lambda model: model.model_id)
 
 
+def every_model_version(client, filter_string: str) -> list:
+    """Every registered model version ``filter_string`` selects, each once."""
+    return _every(lambda size, token: client.search_model_versions(
+        filter_string, max_results=size, page_token=token), lambda version: f"{version.name}/{version.version}")
+
+
 def _every(search: Callable[[int, str | None], Any], key: Callable[[Any], str]) -> list:
     found: dict[str, Any] = {}
     token = None
