@@ -31,11 +31,10 @@ class RecordedTrial:
 
 
 def latest_sweep(client, name: str, backend: Backend) -> tuple[RunLink, str]:
-    """The latest sweep of experiment ``name`` (a rerun of one aside; a sweep named ``name``
-    before another that wrote there): its parent run, and its ``sweep.yaml`` as text."""
+    """The latest sweep of experiment ``name`` (a rerun of one aside): its parent run, and its
+    ``sweep.yaml`` as text."""
     experiment = find_experiment(client, name, backend)
     sweeps = [run for run in sweep_runs(client, experiment.experiment_id) if RERUN_OF_TAG not in run.data.tags]
-    sweeps = [run for run in sweeps if run.info.run_name == name] or sweeps  # the sweep of that name, before others there
     if not sweeps:
         raise DetsweepError(f"experiment {name!r} at {backend.uri}: no sweep runs (expected a sweep's experiment)")
     parent = sweeps[0].info.run_id

@@ -139,8 +139,9 @@ def search_params(search: dict[str, Any]):
 
 
 def trial_runs(client, link: RunLink) -> dict[str, Any]:
-    """The sweep's child runs by trial id."""
-    runs = every_run(client, [link.experiment_id], f"tags.`{PARENT_TAG}` = '{link.parent_run_id}'")
+    """The sweep's trial runs by trial id (a fine-tune from its best is a child run too, not a trial)."""
+    runs = every_run(client, [link.experiment_id],
+                     f"tags.`{PARENT_TAG}` = '{link.parent_run_id}' and tags.`{ROLE_TAG}` = 'trial'")
     return {run.data.tags[TRIAL_TAG]: run for run in runs if TRIAL_TAG in run.data.tags}
 
 
