@@ -457,17 +457,19 @@ def sweep_results(name_or_path: str, with_runs: bool = True) -> tuple[Sweep, Swe
             raise DetsweepError(f"{no_folder}; nor in MLflow: {no_runs}") from None
         return sweep, results, None
     results = read_results(path, sweep)
-    return sweep, replace(results, run_ids=stored_run_ids(path)) if with_runs else results, path
+    return sweep, replace(results, run_ids=stored_run_ids(results.link)) if with_runs else results, path
 
 
-def stored_run_ids(path: str) -> dict[str, str]:
-    """Each trial's MLflow run, when its tracking server answers; none (and a line) when not."""
+def stored_run_ids(link) -> dict[str, str]:
+    """Each trial's MLflow run (``link``: the sweep's runs, as its folder names them), when its
+    tracking server answers; none (and a line) when not."""
     from mlflow import MlflowClient
 
     from detsweep.tracking.sweep_run import trial_runs
 
     try:
-        link = stored_run_link(path)
+        if link is None:
+            raise DetsweepError("no trial of this sweep has an MLflow run")
         return {trial_id: run.info.run_id for trial_id, run in trial_runs(MlflowClient(link.uri), link).items()}
     except Exception as error:  # the study stands without them
         console.say(f"MLflow: the trials' runs are not named in the study: {failure_reason(error)}")
