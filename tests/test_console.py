@@ -24,18 +24,34 @@ PATH = "optimizer.learning_rate.learning_rate_base"
 
 @pytest.fixture
 def terminal():
-    """A pseudo-terminal: the stream to write to, and a function returning what it was sent."""
+    """A pseudo-terminal: the stream to write to, and a function returning what it was sent
+    (read as it comes, so that a writer never waits on a full terminal)."""
+    import threading
+
     leader, follower = pty.openpty()
     stream = os.fdopen(follower, "w")
+    chunks: list[bytes] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            if select.select([leader], [], [], 0.05)[0]:
+                chunks.append(os.read(leader, 65536))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
 
     def sent() -> str:
         stream.flush()
-        chunks = []
-        while select.select([leader], [], [], 0.2)[0]:
-            chunks.append(os.read(leader, 65536))
-        return b"".join(chunks).decode()
+        time.sleep(0.3)  # what was written has reached the reader
+        count = len(chunks)
+        taken = b"".join(chunks[:count])
+        del chunks[:count]
+        return taken.decode(errors="replace")
 
     yield stream, sent
+    done.set()
+    reader.join()
     stream.close()
     os.close(leader)
 
@@ -49,7 +65,7 @@ def trial(trial_id: str, rate: float, status: str = Trial.RUNNING, **result) -> 
 
 def test_on_a_terminal_the_table_is_live_under_the_event_lines_and_leaves_nothing_behind(terminal):
     stream, sent = terminal
-    progress = SweepProgress([PATH], "eval/AP", 20, stream=stream)
+    progress = SweepProgress([PATH], "eval/AP", 20, stream=stream, redraw_every_s=0)
     assert progress.live
     first, second = trial("a_00000", 0.02), trial("a_00001", 0.01, Trial.PENDING)
     progress.on_trial_start(0, [first, second], first)
@@ -91,6 +107,48 @@ def test_on_a_pipe_events_are_lines_and_the_table_comes_every_table_every_s():
         "trial    status      step  eval/AP  learning_rate_base",
         "a_00000  TERMINATED  20    0.5      0.02",
         "a_00001  STOPPED     5     0.1      0.01"]  # as the sweep's final table says it
+
+
+def sweep_of(count: int) -> list[Trial]:
+    """``count`` stand-in trials as Tune holds them mid-sweep: the first 32 running, the rest
+    ended, each with its swept value and its last AP (the best the one at ``count // 2``)."""
+    return [trial(f"t_{i:05d}", 0.01 + i * 1e-6, Trial.RUNNING if i < 32 else Trial.TERMINATED,
+                  step=10 if i < 32 else 20, **{"eval/AP": 0.9 if i == count // 2 else 0.1 + i * 1e-5})
+            for i in range(count)]
+
+
+def test_the_console_draws_a_bounded_window_throttled_whatever_the_number_of_trials(terminal):
+    """Rows per redraw counted, not timed: 15 trials are all shown, 2 000 are a window of the
+    best and the running ones with the counts; fifty events inside the redraw interval draw
+    once, and the next step's end draws again only once it has passed and something changed.
+    On a pipe, the minute's table is as bounded."""
+    from detsweep.sweeps import progress as shown
+
+    stream, sent = terminal
+    for count in (15, 2000):
+        trials = sweep_of(count)
+        progress = SweepProgress([PATH], "eval/AP", 20, stream=stream, redraw_every_s=3600)
+        for one in trials[:50]:
+            progress.on_trial_result(0, trials, one, {"step": 10, "eval/AP": 0.1})
+        progress.on_step_end(0, trials)
+        assert progress.redraws == 1  # the first event drew; the other 49 and the step's end waited
+        drawn = sent()
+        progress.redraw_every_s = 0
+        progress.on_step_end(0, trials)
+        progress.on_step_end(0, trials)
+        assert progress.redraws == 2  # what changed, drawn once; then nothing had
+        drawn += sent()
+        progress.on_trial_complete(0, trials, trials[-1])
+        assert progress.redraws == 3 and progress.most_rows == min(count, shown.ALL_ROWS_UP_TO)
+        drawn = plain(drawn + sent())
+        assert drawn.count("trial t_00014 step 10/20") == 1  # every line once, with the redraw after it
+        progress.close()
+        assert f"t_{count // 2:05d}" in drawn and "..." not in drawn  # the best in it; it fits a 25-line terminal
+    assert "32 running, 1968 terminated; 0 min" in drawn and "15 of 2000 shown: the best 5, the running" in drawn
+    assert "trial t_01999 finished at step 20: eval/AP 0.12" in drawn.split("detsweep status")[-1]  # the last to end
+    piped = SweepProgress([PATH], "eval/AP", 20, stream=io.StringIO(), table_every_s=0)
+    piped.on_step_end(0, sweep_of(2000))
+    assert len(piped.stream.getvalue().splitlines()) == 1 + shown.ALL_ROWS_UP_TO + 1  # header, rows, note
 
 
 def test_long_work_shows_a_spinner_with_its_time_on_a_terminal_and_nothing_on_a_pipe(terminal, monkeypatch):

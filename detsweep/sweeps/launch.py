@@ -145,7 +145,8 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
         tags = {RERUN_OF_TAG: sweep.rerun.source_run, **(tags or {})}
     link = open_sweep_run(sweep, path, backend, as_run(sweep), tags)
     console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
-    progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps, capacity=capacity)
+    progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps, capacity=capacity,
+                             mode=sweep.search.mode)
     try:
         build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])], serving=serving).fit()
     finally:

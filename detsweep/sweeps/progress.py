@@ -3,12 +3,19 @@
 Tune's own reporter prints every trial's whole config (80 rows here) and truncates the
 swept columns; this prints what a sweep's user watches: the swept values, the step, the
 metric, and why a trial ended. On a terminal the table is live (rich), redrawn under the
-event lines as trials move; on a pipe or a file it is printed every ``table_every_s``.
+event lines as trials move, at most every ``redraw_every_s``; on a pipe or a file it is printed
+every ``table_every_s``.
+
+Its cost does not grow with the sweep: up to ``ALL_ROWS_UP_TO`` trials the table has a row per
+trial; past that it is a window (rich's advice for large tables): the best ``BEST_ROWS``, the
+running trials (at most ``RUNNING_ROWS``), the counts by status and the last trials to end.
+``detsweep status`` prints every row, and the parent run's ``trials.csv`` holds them.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,6 +29,8 @@ from detsweep.trainables.trial import INFEASIBLE, swept_values
 from .resources import Capacity, nodes_wanted
 
 REDRAW_EVERY_S = 0.5  # Tune calls on_step_end many times a second; the table changes per report
+BEST_ROWS, RUNNING_ROWS, ENDED_SHOWN = 5, 10, 2  # with its caption, within a 25-line terminal
+ALL_ROWS_UP_TO = BEST_ROWS + RUNNING_ROWS  # trials; a larger sweep's table is a window of as many rows
 MEMORY = ("memory", "object_store_memory")
 WAITS_EVERY_S = 2.0  # how often the cluster is asked for workers that wait to be placed
 
@@ -65,16 +74,24 @@ class SweepProgress(tune.Callback):
     of which type the autoscaler has to start."""
 
     def __init__(self, paths: list[str], metric: str, num_steps: int, stream: TextIO | None = None,
-                 table_every_s: float = 60.0, live: bool | None = None, capacity: Capacity | None = None):
+                 table_every_s: float = 60.0, live: bool | None = None, capacity: Capacity | None = None,
+                 mode: str = "max", redraw_every_s: float = REDRAW_EVERY_S):
         self.paths = paths
         self.metric = metric
+        self.mode = mode
         self.num_steps = num_steps
         self.stream = stream
         self.table_every_s = table_every_s
+        self.redraw_every_s = redraw_every_s
         self._live = live
         self._last_table = time.monotonic()
         self._started = time.monotonic()
         self._display = None  # rich's Live, started with the first event; never pickled with the callback
+        self._drawn = -float("inf")  # when the live table was last drawn
+        self._changed = False  # since then
+        self._pending: list[str] = []  # lines for above the live table, printed with its next redraw
+        self._ended: deque[str] = deque(maxlen=ENDED_SHOWN)  # the last trials to end, as their lines said it
+        self.redraws, self.most_rows = 0, 0  # what the console has cost so far (bench/large_sweep.py)
         self.capacity = capacity
         self._waiting: dict[str, list] = {}  # the groups seen waiting at the last look
         self._said_waiting: str | None = None
@@ -82,7 +99,7 @@ class SweepProgress(tune.Callback):
 
     def __getstate__(self) -> dict:  # Tune pickles its callbacks into the experiment's state (a resume
         # unpickles them and writes to its own terminal)
-        return {**self.__dict__, "_display": None, "stream": None}
+        return {**self.__dict__, "_display": None, "stream": None, "_pending": []}
 
     @property
     def live(self) -> bool:
@@ -94,8 +111,10 @@ class SweepProgress(tune.Callback):
         return self.stream or console.out()
 
     def _print(self, line: str) -> None:
-        if self._display is not None:
-            self._display.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        """A line above the live table goes out with its next redraw (rich draws the table again
+        under every line it prints); without one, at once."""
+        if self.live and self._display is not None:
+            self._pending.append(line)
         else:
             print(line, file=self._stream(), flush=True)
 
@@ -122,29 +141,30 @@ class SweepProgress(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         step = trial.last_result.get("step", 0)
         if trial.last_result.get(INFEASIBLE):
-            self._print(f"trial {self._label(trial)} not trained: {trial.last_result[INFEASIBLE]} (search.constraints)")
-            self._redraw(trials)
+            self._said_end(f"trial {self._label(trial)} not trained: {trial.last_result[INFEASIBLE]} "
+                           "(search.constraints)", trials)
             return
         how = "finished" if step >= self.num_steps else "stopped early by the scheduler"
-        self._print(f"trial {self._label(trial)} {how} at step {step}: "
-                    f"{self.metric} {short(trial.last_result.get(self.metric))}")
-        self._redraw(trials)
+        self._said_end(f"trial {self._label(trial)} {how} at step {step}: "
+                       f"{self.metric} {short(trial.last_result.get(self.metric))}", trials)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._print(f"trial {self._label(trial)} errored: {failure_reason(latest_error(trial))}")
+        self._said_end(f"trial {self._label(trial)} errored: {failure_reason(latest_error(trial))}", trials)
+
+    def _said_end(self, line: str, trials) -> None:
+        self._print(line)
+        self._ended.append(line)
         self._redraw(trials)
 
     def on_step_end(self, iteration, trials, **info) -> None:
         if self.capacity is not None and time.monotonic() - self._last_look >= WAITS_EVERY_S:
             self._last_look = time.monotonic()
             self._say_waits()
-        every = REDRAW_EVERY_S if self.live else self.table_every_s
-        if time.monotonic() - self._last_table >= every:
+        if self.live and self._changed:
+            self._redraw(trials)
+        elif not self.live and time.monotonic() - self._last_table >= self.table_every_s:
             self._last_table = time.monotonic()
-            if self.live:
-                self._redraw(trials)
-            else:
-                self._print(self.table(trials))
+            self._print(self.table(trials))
 
     def _say_waits(self) -> None:
         """Workers waiting at two looks in a row (a placement takes milliseconds when the nodes
@@ -169,11 +189,22 @@ class SweepProgress(tune.Callback):
     def close(self) -> None:
         """End the live table (it leaves the terminal: the command prints its final table)."""
         if self._display is not None:
+            self._flush_lines()
             self._display.stop()
             self._display = None
 
+    def _flush_lines(self) -> None:
+        if self._pending:
+            self._display.console.print("\n".join(self._pending), markup=False, highlight=False, soft_wrap=True)
+            self._pending = []
+
     def _redraw(self, trials) -> None:
+        """The live table drawn again, at most every ``redraw_every_s``: an event between two
+        draws marks it changed, and the next ``on_step_end`` after the interval draws it."""
         if not self.live:
+            return
+        self._changed = True
+        if time.monotonic() - self._drawn < self.redraw_every_s:
             return
         if self._display is None:
             from rich.console import Console
@@ -183,39 +214,70 @@ class SweepProgress(tune.Callback):
             self._display = Live(console=Console(file=self._stream()), transient=True, auto_refresh=False,
                                  redirect_stdout=False, redirect_stderr=False)
             self._display.start()
-        self._display.update(self.live_table(trials), refresh=True)
+        table = self.live_table(trials)
+        self._flush_lines()
+        self._display.update(table, refresh=True)
+        self._drawn, self._changed = time.monotonic(), False
+        self.redraws, self.most_rows = self.redraws + 1, max(self.most_rows, table.row_count)
 
     def _status(self, trial) -> str:
         """As the sweep's final table says it: a trial ended before ``num_steps`` is ``STOPPED``."""
         return str(TrialStatus.of(trial.status, trial.last_result.get("step", 0), self.num_steps,
                                   bool(trial.last_result.get(INFEASIBLE))))
 
+    def shown(self, trials) -> list:
+        """The trials the table shows: every one in a small sweep; else the best few (by the
+        metric's last value) and the running ones, in Tune's order."""
+        if len(trials) <= ALL_ROWS_UP_TO:
+            return list(trials)
+        scored = [trial for trial in trials if isinstance(trial.last_result.get(self.metric), (int, float))]
+        best = sorted(scored, key=lambda trial: trial.last_result[self.metric], reverse=self.mode == "max")[:BEST_ROWS]
+        chosen = {id(trial) for trial in best}
+        running = [trial for trial in trials if trial.status == "RUNNING" and id(trial) not in chosen]
+        chosen |= {id(trial) for trial in running[:RUNNING_ROWS]}
+        return [trial for trial in trials if id(trial) in chosen]
+
+    def counts(self, trials) -> str:
+        """How many trials are in each status, as the sweep's final table says it."""
+        counts: dict[str, int] = {}
+        for trial in trials:
+            counts[self._status(trial)] = counts.get(self._status(trial), 0) + 1
+        return ", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
+
     def rows(self, trials) -> tuple[list[str], list[list[str]]]:
         headers = ["trial", "status", "step", self.metric] + [path.rsplit(".", 1)[-1] for path in self.paths]
         rows = [[self._label(trial), self._status(trial), str(trial.last_result.get("step", "")),
                  short(trial.last_result.get(self.metric, ""))]
                 + [short(value) for value in swept_values(trial.config, self.paths).values()]
-                for trial in trials]
+                for trial in self.shown(trials)]
         return headers, rows
+
+    def _window_note(self, trials, shown: int) -> list[str]:
+        """Under a window: what it shows, and where every row is."""
+        if shown == len(trials):
+            return []
+        return [f"{shown} of {len(trials)} shown: the best {BEST_ROWS}, the running", "every trial: detsweep status"]
 
     def table(self, trials) -> str:
         headers, rows = self.rows(trials)
         widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
                  for row in [headers, *rows]]
-        return "\n".join(lines)
+        note = self._window_note(trials, len(rows))
+        return "\n".join(lines + (["; ".join([self.counts(trials), *note])] if note else []))
 
     def live_table(self, trials):
-        """The table as rich draws it: a row per trial, the counts by status and the time so far."""
+        """The table as rich draws it: its rows, the counts by status and the time so far; past
+        ``ALL_ROWS_UP_TO`` trials, the last ones to end."""
         from rich.table import Table
 
         headers, rows = self.rows(trials)
-        counts: dict[str, int] = {}
-        for trial in trials:
-            counts[self._status(trial)] = counts.get(self._status(trial), 0) + 1
         elapsed = time.monotonic() - self._started
-        table = Table(*headers, caption=", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
-                      + f"; {elapsed // 60:.0f} min {elapsed % 60:02.0f} s", caption_justify="left")
+        caption = [f"{self.counts(trials)}; {elapsed // 60:.0f} min {elapsed % 60:02.0f} s",
+                   *self._window_note(trials, len(rows))]
+        if len(rows) < len(trials):
+            caption += self._ended
+        table = Table(*headers, caption="\n".join(caption), caption_justify="left")
         for row in rows:
             table.add_row(*row)
         return table
