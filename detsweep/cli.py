@@ -23,6 +23,8 @@ from detsweep.cluster import check_address, check_storage
 from detsweep.errors import DetsweepError
 from detsweep.subcommands import OneLineParser, add_command, add_overrides, add_verbose
 
+BEST_SHOWN = 20  # trials ``best`` shows (and looks up the checkpoints of) by default
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
@@ -94,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     best.add_argument("experiment", help="the sweep's name (its MLflow experiment) or its sweep file")
     best.add_argument("--metric", help="rank by this metric (default: the sweep's)")
     best.add_argument("--mode", choices=("max", "min"), help="(default: the sweep's)")
-    best.add_argument("--top", type=int, help="show only the first K trials")
+    best.add_argument("--top", type=int, default=BEST_SHOWN,
+                      help=f"show the first K trials (default {BEST_SHOWN}; 0: every trial)")
     best.add_argument("--pareto", action="store_true", help="the Pareto front over the sweep's objectives instead "
                                                            "(a sweep with search.objectives)")
     best.add_argument("--json", action="store_true", help='print {"experiment", "metric", "mode", "trials": […]} '
@@ -237,8 +240,10 @@ def best_command(args: argparse.Namespace) -> int:
         print(json.dumps({"experiment": name, "tracking_uri": backend.uri, "pareto": pareto}) if args.json
               else "\n".join(format_front(pareto)) if pareto else none)
         return 0
-    ranking = rank_trials(MlflowClient(backend.uri), name, backend, args.metric, args.mode)
-    report = ranking.to_dict(args.top)
+    if args.top < 0:
+        raise DetsweepError(f"--top: found {args.top}, expected 0 (every trial) or more")
+    ranking = rank_trials(MlflowClient(backend.uri), name, backend, args.metric, args.mode, args.top or None)
+    report = ranking.to_dict()
     print(json.dumps(report) if args.json else format_ranking(report))
     return 0
 
@@ -269,6 +274,8 @@ def format_ranking(report: dict[str, Any]) -> str:
             lines.append(f"{'':<34} rerun: mean {rerun['mean']:.4g} ± {rerun['std']:.2g} over {rerun['seeds']} seeds")
         if rank == 0 and trial.get("environment"):  # the best trial's; a run older than the tags has none
             lines.append(f"{'':<34} ran on: {ran_on(trial['environment'])}")
+    if report["ranked"] > len(report["trials"]):
+        lines.append(f"{report['ranked'] - len(report['trials'])} more (--top 0 shows every trial)")
     return "\n".join(lines)
 
 

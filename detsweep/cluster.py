@@ -43,15 +43,18 @@ def run_folder(storage: str | None, name: str) -> str:
 def remove_run_folders(storage: str | None, prefix: str) -> None:
     """Delete the Ray Train runs whose names start with ``prefix`` (folders, or a bucket's
     prefixes), runs that have ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow.fs
 
     root = run_folder(storage, "")
     try:
         filesystem, path = pyarrow.fs.FileSystem.from_uri(root if "://" in root else os.path.abspath(root))
         found = filesystem.get_file_info(pyarrow.fs.FileSelector(path.rstrip("/"), allow_not_found=True))
-        for info in found:
-            if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith(prefix):
-                filesystem.delete_dir(info.path)
+        ended = [info.path for info in found
+                 if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith(prefix)]
+        with ThreadPoolExecutor(8) as pool:  # a bucket's prefixes: each deletion is requests of its own
+            list(pool.map(filesystem.delete_dir, ended))
     except (OSError, ValueError) as error:  # gone already, or the store refused: it only costs space
         logging.getLogger(__name__).warning("could not delete the Ray Train runs %s*: %s", prefix, error)
 

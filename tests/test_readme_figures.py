@@ -251,6 +251,7 @@ SETTINGS = [
     "with a top quantile of 10 %, or as much as holds 5 trials (at most 25 %)",
     "the per-seed differences over the seeds both finished, with a 90 % t interval",
     "a sweep with fewer than 2 configurations whose trials ended without",
+    "Past 15 trials the table is a window",
     "(waiting up to 15 s for them all, a monitor still starting included, before the up to 60 s it gives its "
     "run's own writes)",
 ]

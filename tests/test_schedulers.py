@@ -14,6 +14,7 @@ import pytest
 from ray import tune
 
 from detsweep.sweeps import load_sweep
+from detsweep.sweeps.closing import RunCloser
 from detsweep.sweeps.tuner import build_tuner, param_space, search_and_scheduler, searcher
 from detsweep.tracking.trial_run import RunLink
 from detsweep.trainables.trial import swept_values
@@ -156,13 +157,13 @@ def curves_file(write, paths=(LR,)) -> str:
     return str(write("curves.json", json.dumps({"recorded": "by hand", "paths": list(paths), "trials": trials})))
 
 
-def replayed(write, sweep, *overrides: str, seeds: int = 1) -> dict:
+def replayed(write, sweep, *overrides: str, seeds: int = 1, callbacks: list | None = None) -> dict:
     """What ``detsweep replay --json --seeds … --set …`` prints of ``sweep`` on the hand-made curves, run
     in this process on the module's cluster (the command's own run is checked once above)."""
     from detsweep.sweeps.replay import load_curves, replay
 
     sweep = load_sweep(sweep.path, overrides)
-    return json.loads(json.dumps(replay(sweep, load_curves(curves_file(write), sweep), seeds)))
+    return json.loads(json.dumps(replay(sweep, load_curves(curves_file(write), sweep), seeds, callbacks=callbacks)))
 
 
 def test_replay_spends_the_steps_a_hand_computation_gives_and_returns_that_trial(local_cluster, write, tmp_path):
@@ -296,6 +297,21 @@ def test_bohb_replay_pauses_trials_at_hyperbands_rungs_and_resumes_them_where_th
     assert f"note: trials went on from a checkpoint {run['resumed']} time(s) after the scheduler paused them at a rung" in format_replay(report)
 
 
+class ClosesSeen(RunCloser):
+    """The sweep's run closer, telling what it would close (and when a trial twice) instead of
+    writing it: the replay's trials have no MLflow runs."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen, self.twice = {}, []
+
+    def close(self, trial, error) -> None:
+        ended = self.ended(trial, error)
+        if trial.trial_id in self.seen:
+            self.twice.append(trial.trial_id)
+        self.seen[trial.trial_id] = (str(ended["status"]), ended["metrics"]["step"])
+
+
 def test_halving_replay_ranks_every_trial_at_its_rung_before_any_goes_on_and_spends_what_a_hand_count_gives(
         ray_driver, write, tmp_path):
     """Synchronous halving on the val loss while the objective is AP, one trial at a time in grid
@@ -311,10 +327,15 @@ def test_halving_replay_ranks_every_trial_at_its_rung_before_any_goes_on_and_spe
   space:
     {LR}: {{grid: [0.01, 0.02, 0.08, 0.04]}}
 """, checkpoint_every=10)
-    report = replayed(write, sweep)
+    closes = ClosesSeen(RunLink("sqlite:///unused.db", "0", None), 40, sweep.base.scaling)
+    report = replayed(write, sweep, callbacks=[closes])
     [run] = report["runs"]
     assert run["trials"] == 4 and run["resumed"] == 2 and run["reported_twice"] == 0, run
     assert (run["steps"], run["fifo_steps"], run["returned"], run["regret"]) == (120, 160, 0.6, 0), run
+    # each trial's run closed once, as Tune completed it: none at its pause (the two that went on
+    # paused at 20 too), the two stopped there as stopped, the two that went on at their end
+    assert sorted(closes.seen.values()) == [("STOPPED", 20)] * 2 + [("TERMINATED", 40)] * 2, closes.seen
+    assert closes.twice == []
     [on_ap] = replayed(write, sweep, "search.scheduler.metric=null", "search.scheduler.mode=null")["runs"]
     assert (on_ap["steps"], on_ap["returned"]) == (120, 0.5), on_ap
 

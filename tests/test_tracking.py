@@ -421,7 +421,8 @@ def test_best_shows_what_the_best_trial_ran_on_under_it_and_nothing_for_a_run_ol
                 "checkpoint": None, "environment": environment}
 
     def shown(*trials: dict) -> list[str]:
-        report = {"experiment": "e", "tracking_uri": "u", "metric": "eval/AP_best", "mode": "max", "trials": list(trials)}
+        report = {"experiment": "e", "tracking_uri": "u", "metric": "eval/AP_best", "mode": "max", "trials": list(trials),
+                  "ranked": len(trials)}
         return format_ranking(report).splitlines()
 
     lines = shown(trial("best", ran_on), trial("next", ran_on))
@@ -451,7 +452,7 @@ def test_the_driver_ends_a_stopped_trials_run_with_what_it_cost_and_uploads_noth
     cost = {"cost/cpu_hours": 0.25, "cost/gpu_hours": 0.0}
     trial = {"trial_id": "t_00001", "status": "STOPPED", "metrics": {"step": 5, "eval/AP_best": 0.1}, "config": {},
              "checkpoint": str(checkpoint_dir(tmp_path, 5)), "error": None, "cost": cost}
-    close_sweep_run(link, {"metric": "eval/AP_best", "trials": [trial], "best": trial, "cost": cost}, [])
+    close_sweep_run(link, {"metric": "eval/AP_best", "trials": [trial], "best": trial, "cost": cost}, [], {})
 
     client = MlflowClient(backend.uri)
     run = client.get_run(stopped.run_id)
@@ -459,6 +460,100 @@ def test_the_driver_ends_a_stopped_trials_run_with_what_it_cost_and_uploads_noth
     assert checkpoints(client, [link.experiment_id], stopped.run_id, ready=False) == []
     assert {k: run.data.metrics[k] for k in cost} == cost  # the driver writes what the trial cost
     assert {k: client.get_run(link.parent_run_id).data.metrics[k] for k in cost} == cost
+
+
+class CountingClient:
+    """MLflow's client, counting the calls made on it (each one request or more to a server)."""
+
+    calls: list[str] = []
+
+    def __init__(self, uri: str):
+        from mlflow.tracking.client import MlflowClient  # where it lives: the test replaces mlflow.MlflowClient
+
+        self._client = MlflowClient(uri)
+
+    def __getattr__(self, name: str):
+        CountingClient.calls.append(name)
+        return getattr(self._client, name)
+
+    def counted(self) -> int:
+        count = len(CountingClient.calls)
+        CountingClient.calls.clear()
+        return count
+
+
+def a_sweep_of_stand_in_trials(folder: Path, count: int):
+    """A quickstart sweep's parent run and ``count`` trial runs as the trials' own processes
+    open them, all but the last two completed in Tune (and closed by the driver's run closer as
+    they were): every third stopped early at step 5, the others finished. Its link, Tune's
+    stand-in trials and ``launch``'s report of them."""
+    from mlflow import MlflowClient
+    from ray.tune.experiment import Trial
+
+    from detsweep.sweeps.closing import RunCloser
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+    from detsweep.tracking.trial_run import PARENT_TAG, ROLE_TAG, TRIAL_TAG
+
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    end = sweep.base.train.num_steps
+    link = open_sweep_run(sweep, str(folder / "ray" / "quickstart"), resolve_backend(TrackingConfig(), cwd=folder),
+                          as_run(sweep))
+    client, closer, trials, report = MlflowClient(link.uri), RunCloser(link, end, sweep.base.scaling), [], []
+    for number in range(count):
+        trial_id, step = f"t_{number:05d}", 5 if number % 3 == 0 else end
+        client.create_run(link.experiment_id, tags={TRIAL_TAG: trial_id, PARENT_TAG: link.parent_run_id,
+                                                    ROLE_TAG: "trial"})
+        trial = Trial("run_trial", config={}, trial_id=trial_id, stub=True)
+        trial.set_status(Trial.RUNNING)
+        trial.run_metadata.last_result = {"step": step, "eval/AP_best": number / count, "time_total_s": 36.0}
+        trials.append(trial)
+        status = "TERMINATED" if step == end else "STOPPED"
+        report.append({"trial_id": trial_id, "status": status, "metrics": {"step": step, "eval/AP_best": number / count},
+                       "config": {}, "checkpoint": None, "error": None, "cost": closer.ended(trial, None)["cost"]})
+    for trial in trials[:-2]:
+        closer.on_trial_complete(0, trials, trial)
+    closer.on_experiment_end(trials)
+    cost = {"cost/cpu_hours": 1.0, "cost/gpu_hours": 0.0}
+    return link, trials, {"metric": "eval/AP_best", "trials": report, "best": report[-1], "cost": cost}
+
+
+def test_the_driver_closes_each_run_as_tune_completes_its_trial_and_the_end_and_best_cost_no_request_per_trial(
+        tmp_path, monkeypatch):
+    """Completed in Tune, a stopped trial's run is KILLED and early stopped, a finished one's
+    FINISHED, each with its cost; the sweep's end then closes only the two left, and makes as
+    many requests for 60 trials as for 24; ``best`` too, looking up the checkpoints of the
+    trials it shows only."""
+    from mlflow import MlflowClient
+
+    from detsweep.tracking import close_sweep_run
+    from detsweep.tracking.best import rank_trials
+    from detsweep.tracking.sweep_run import sweep_figure, trial_runs
+
+    monkeypatch.setattr("mlflow.MlflowClient", CountingClient)
+    requests = {}
+    for count in (24, 60):  # the two left open finished in both
+        folder = tmp_path / str(count)
+        link, trials, report = a_sweep_of_stand_in_trials(folder, count)
+        runs = trial_runs(MlflowClient(link.uri), link)
+        closed = {runs[t["trial_id"]].info.status for t in report["trials"][:-2] if t["status"] == "STOPPED"}
+        assert closed == {"KILLED"} and runs["t_00003"].data.tags["early_stopped"] == "true"
+        assert runs["t_00001"].info.status == "FINISHED" and "early_stopped" not in runs["t_00001"].data.tags
+        assert runs["t_00001"].data.metrics["cost/cpu_hours"] == report["trials"][1]["cost"]["cost/cpu_hours"] > 0
+        assert {runs[t.trial_id].info.status for t in trials[-2:]} == {"RUNNING"}  # not completed yet
+        CountingClient(link.uri).counted()
+        curves = {t["trial_id"]: {10: 0.1, 20: t["metrics"]["eval/AP_best"]} for t in report["trials"]}
+        close_sweep_run(link, report, [], curves)
+        requests[count] = [CountingClient(link.uri).counted()]
+        drawn = sweep_figure(report, [], curves).axes[-1]  # its curves: the best 8 as lines, the others a band
+        assert (len(drawn.lines), len(drawn.collections), len(drawn.get_legend().texts)) == (8, 1, 9)
+        assert {run.info.status for run in trial_runs(MlflowClient(link.uri), link).values()} == {"FINISHED", "KILLED"}
+        backend = resolve_backend(TrackingConfig(), cwd=folder)
+        ranking = rank_trials(CountingClient(link.uri), "quickstart", backend, top=20)
+        assert CountingClient.calls.count("search_logged_models") == 20  # the trials shown, each looked up
+        requests[count].append(CountingClient(link.uri).counted())
+        assert len(ranking.to_dict()["trials"]) == 20 and ranking.to_dict()["ranked"] == count
+    assert requests[24] == requests[60], requests
 
 
 def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_path):

@@ -117,6 +117,7 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     ``cluster_config``: the cluster's config file (its node types size the trials)."""
     from detsweep.tracking import open_sweep_run, resolve_backend
 
+    from .closing import RunCloser
     from .progress import SweepProgress
     from .serving import measure_architectures
     from .space import swept_paths
@@ -147,8 +148,9 @@ def launch(sweep: Sweep, address: str | None = None, register: bool = True,
     console.say(f"MLflow: run {link.parent_run_id} of experiment {link.experiment_id} at {backend.uri}")
     progress = SweepProgress(swept_paths(sweep), sweep.search.metric, sweep.base.train.num_steps, capacity=capacity,
                              mode=sweep.search.mode)
+    closer = RunCloser(link, sweep.base.train.num_steps, sweep.base.scaling)
     try:
-        build_tuner(sweep, max(1, fits), link, callbacks=[progress, *(callbacks or [])], serving=serving).fit()
+        build_tuner(sweep, max(1, fits), link, callbacks=[progress, closer, *(callbacks or [])], serving=serving).fit()
     finally:
         progress.close()  # a live table leaves the terminal as it found it, also on an interrupt
     return finish(path, sweep, link, register)
@@ -207,7 +209,8 @@ def record_end(report: dict[str, Any], sweep: Sweep, link, register: bool, resul
     from .space import swept_paths
 
     front = pareto_of(report, sweep)
-    run_ids = close_sweep_run(link, report, swept_paths(sweep), front)
+    curves = {trial_id: by_metric.get(sweep.search.metric, {}) for trial_id, by_metric in results.curves.items()}
+    run_ids = close_sweep_run(link, report, swept_paths(sweep), curves, front)
     for trial in report["trials"]:
         trial["mlflow_run_id"] = run_ids.get(trial["trial_id"])
     report["study"], report["importance"] = record_study(report["path"], sweep, link, results, run_ids)

@@ -273,11 +273,12 @@ class _Timeline(tune.Callback):
 
 
 def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S,
-                with_importance: bool = False) -> dict[str, Any]:
+                with_importance: bool = False, callbacks: list | None = None) -> dict[str, Any]:
     """One replayed sweep with ``seed``: steps spent against FIFO's on the same draws, the
     recorded final objective of the trial it returns, its regret against the best recorded;
     ``with_importance``: which settings mattered in it (:mod:`.importance`), as a sweep of
-    this size would say."""
+    this size would say. ``callbacks``: more of Tune's, as a sweep's driver has (its console,
+    its run closer), to see them at work on the replay's trials."""
     metric, mode = sweep.search.metric, sweep.search.mode
     better = max if mode == "max" else min
 
@@ -315,8 +316,8 @@ def replay_once(sweep: Sweep, curves: Curves, seed: int, tick_s: float = TICK_S,
             seeded = dataclasses.replace(sweep, storage=folder,
                                          search=sweep.search.model_copy(update={"seed": seed, "time_budget_s": None}))
             runs = tune.with_resources(recorded, {"cpu": 0.01})  # concurrency is the searcher's to limit
-            callbacks = [timeline, *([_Lifecycle(clock)] if clock else [])]
-            results = build_tuner(seeded, concurrent, RunLink("sqlite:///unused.db", "0", None), callbacks,
+            told = [timeline, *([_Lifecycle(clock)] if clock else []), *(callbacks or [])]
+            results = build_tuner(seeded, concurrent, RunLink("sqlite:///unused.db", "0", None), told,
                                   runs=runs).fit()
             found = replayed_importance(f"{folder}/{seeded.name}", seeded) if with_importance else None
         late = ray.get(clock.late_reports.remote()) if clock else 0
@@ -385,10 +386,10 @@ def early_signal(curves: Curves, objective: str) -> dict[str, dict[int, float | 
 
 
 def replay(sweep: Sweep, curves: Curves, seeds: int = 1, tick_s: float = TICK_S,
-           with_importance: bool = False) -> dict[str, Any]:
+           with_importance: bool = False, callbacks: list | None = None) -> dict[str, Any]:
     """``replay_once`` for ``seeds`` seeds from the sweep's own; their median, min and max."""
     first = sweep.search.seed or 0
-    runs = [replay_once(sweep, curves, first + offset, tick_s, with_importance) for offset in range(seeds)]
+    runs = [replay_once(sweep, curves, first + offset, tick_s, with_importance, callbacks) for offset in range(seeds)]
     keys = ["steps", "share_of_fifo", "returned", "regret", "steps_until_returned_seen"]
     summary = {name: {key: function([run[key] for run in runs]) for key in keys}
                for name, function in (("median", statistics.median), ("min", min), ("max", max))}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from detsweep.errors import DetsweepError
@@ -22,6 +22,7 @@ from .provenance import environment_of
 from .trial_run import INFEASIBLE_TAG, ROLE_TAG, TRIAL_TAG
 
 CURVE_METRICS = ("train/", "eval/", "eval_ema/")  # what a learning curve holds (not hparams/, system/, cost/)
+LOOKUPS_AT_ONCE = 8  # independent reads sent to the tracking server at once
 
 
 @dataclass(frozen=True)
@@ -72,28 +73,46 @@ class Ranking:
     mode: str
     parent_run_ids: list[str]
     trials: list[RankedTrial]  # the best first; trials without the metric last
+    shown: int | None = None  # the first trials shown, their checkpoints looked up (None: all)
 
-    def to_dict(self, top: int | None = None) -> dict[str, Any]:
-        """What ``detsweep best --json`` prints."""
+    def to_dict(self) -> dict[str, Any]:
+        """What ``detsweep best --json`` prints: the trials shown, and how many were ranked."""
         fields = {k: getattr(self, k) for k in ("experiment", "tracking_uri", "metric", "mode", "parent_run_ids")}
-        return fields | {"trials": [row.to_dict() for row in self.trials[:top]]}
+        return fields | {"ranked": len(self.trials), "trials": [row.to_dict() for row in self.trials[:self.shown]]}
 
 
-def rank_trials(client, name: str, backend: Backend, metric: str | None = None, mode: str | None = None) -> Ranking:
-    """Every trial run of the experiment, ranked by ``metric`` (default: the latest sweep's)."""
+def rank_trials(client, name: str, backend: Backend, metric: str | None = None, mode: str | None = None,
+                top: int | None = None) -> Ranking:
+    """Every trial run of the experiment (read a page at a time), ranked by ``metric`` (default:
+    the latest sweep's); the first ``top`` (all without it) shown, with their best checkpoints."""
     sweeps, swept_paths, trials, reruns = _sweeps_and_trials(client, name, backend)
     latest = sweeps[0].data.params if sweeps else {}
     metric = metric or latest.get("search.metric", "eval/AP_best")
     mode = mode or latest.get("search.mode", "max")
-    saved: dict[str, list] = {}
-    for model in checkpoints(client, list({run.info.experiment_id for run in trials})):
-        saved.setdefault(model.source_run_id, []).append(model)
-    ranked = [RankedTrial(run, _value(run, metric), _swept(run, swept_paths),
-                          best_of(saved.get(run.info.run_id, []), metric, mode),
+    ranked = [RankedTrial(run, _value(run, metric), _swept(run, swept_paths), None,
                           _rerun_mean(reruns.get(run.data.tags.get(TRIAL_TAG), []), metric)) for run in trials]
     sign = -1.0 if mode == "max" else 1.0
     ranked.sort(key=lambda row: (row.value is None, sign * row.value if row.value is not None else 0.0))
-    return Ranking(name, backend.uri, metric, mode, [sweep.info.run_id for sweep in sweeps], ranked)
+    shown = ranked[:top]
+    saved = saved_checkpoints(client, [row.run for row in shown], every=top is None)
+    ranked[:top] = [replace(row, checkpoint=best_of(saved.get(row.run.info.run_id, []), metric, mode)) for row in shown]
+    return Ranking(name, backend.uri, metric, mode, [sweep.info.run_id for sweep in sweeps], ranked, top)
+
+
+def saved_checkpoints(client, runs: list, every: bool = False) -> dict[str, list]:
+    """The READY checkpoints of ``runs``, by run id: each run's looked up (in parallel), or,
+    ``every``, the experiments' whole listing read a page at a time (fewer requests for all
+    the trials of a sweep)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    saved: dict[str, list] = {}
+    if every:
+        for model in checkpoints(client, list({run.info.experiment_id for run in runs})):
+            saved.setdefault(model.source_run_id, []).append(model)
+        return saved
+    with ThreadPoolExecutor(LOOKUPS_AT_ONCE) as pool:
+        found = pool.map(lambda run: checkpoints(client, [run.info.experiment_id], run.info.run_id), runs)
+        return {run.info.run_id: models for run, models in zip(runs, found)}
 
 
 def _rerun_mean(runs: list, metric: str) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from detsweep.errors import DetsweepError
 
 from .backend import Backend, check_readable
 from .best import rank_trials
-from .checkpoint_models import best_checkpoint, model_uri
+from .checkpoint_models import best_checkpoint, best_of, checkpoints, model_uri
 from .trial_run import PARENT_TAG, ranked_by
 
 KINDS = ("best:", "run:", "checkpoint:")
@@ -81,12 +81,15 @@ def get_run(client, run_id: str, backend: Backend):
 
 
 def best_run(client, experiment: str, backend: Backend):
-    """The best trial's run that has a complete checkpoint, and its best checkpoint."""
-    ranked = [row for row in rank_trials(client, experiment, backend).trials if row.has_checkpoint]
-    if not ranked:
-        raise DetsweepError(f"--from best:{experiment}: no trial of the experiment at {backend.uri} "
-                            "has a complete checkpoint in MLflow")
-    return ranked[0].run, ranked[0].checkpoint
+    """The best trial's run that has a complete checkpoint, and its best checkpoint: the
+    trials' checkpoints looked up in the ranking's order until one has one."""
+    ranking = rank_trials(client, experiment, backend, top=0)
+    for row in ranking.trials:
+        models = checkpoints(client, [row.run.info.experiment_id], row.run.info.run_id)
+        if (best := best_of(models, ranking.metric, ranking.mode)) is not None:
+            return row.run, best
+    raise DetsweepError(f"--from best:{experiment}: no trial of the experiment at {backend.uri} "
+                        "has a complete checkpoint in MLflow")
 
 
 @contextlib.contextmanager

@@ -60,6 +60,9 @@ class TrialStatus(str, enum.Enum):  # noqa: UP042 (StrEnum would change str() of
         return self in (TrialStatus.TERMINATED, TrialStatus.STOPPED, TrialStatus.ERROR, TrialStatus.INFEASIBLE)
 
 
+CLOSING_THREADS = 8  # runs the sweep's end closes at once
+CURVES_DRAWN = 8  # learning curves drawn as lines in sweep.png; the others' as a band
+
 # How a trial's outcome ends its MLflow run.
 RUN_STATUS = {TrialStatus.TERMINATED: "FINISHED", TrialStatus.STOPPED: "KILLED", TrialStatus.ERROR: "FAILED",
               TrialStatus.INFEASIBLE: "FINISHED"}
@@ -145,20 +148,25 @@ def trial_runs(client, link: RunLink) -> dict[str, Any]:
     return {run.data.tags[TRIAL_TAG]: run for run in runs if TRIAL_TAG in run.data.tags}
 
 
-def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str], front=None) -> dict[str, Any]:
-    """Mirror every trial's end onto its run, then log the sweep's results on the parent:
-    ``best/*`` metrics, ``trials.csv`` and ``sweep.png``, and a multi-objective sweep's Pareto
-    ``front`` (:mod:`.front`): ``pareto.csv``, ``pareto.png``, ``pareto/hypervolume``. Returns
-    ``{trial_id: run_id}``."""
+def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str], curves: dict[str, dict[int, float]],
+                    front=None) -> dict[str, Any]:
+    """Close the trial runs still open (the driver closes each as Tune completes it:
+    ``sweeps/closing.py``), then log the sweep's results on the parent: ``best/*`` metrics,
+    ``trials.csv`` and ``sweep.png`` (from ``curves``: each trial's metric by step), and a
+    multi-objective sweep's Pareto ``front`` (:mod:`.front`): ``pareto.csv``, ``pareto.png``,
+    ``pareto/hypervolume``. The requests do not grow with the trials closed already (a page
+    of runs is one). Returns ``{trial_id: run_id}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
     client = MlflowClient(link.uri)
     runs = trial_runs(client, link)
-    for trial in report["trials"]:
-        run = runs.get(trial["trial_id"])
-        if run is not None:
-            end_trial_run(client, run, trial)
+    left = [(runs[trial["trial_id"]], trial) for trial in report["trials"]
+            if trial["trial_id"] in runs and not closed(runs[trial["trial_id"]], trial)]
+    with ThreadPoolExecutor(CLOSING_THREADS) as pool:  # independent requests: the server's latency overlaps
+        list(pool.map(lambda pair: end_trial_run(client, *pair), left))
     best = report.get("best")
     if best:
         values = {f"best/{k}": float(v) for k, v in best["metrics"].items() if isinstance(v, (int, float))}
@@ -170,7 +178,7 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str], fro
     client.log_batch(link.parent_run_id, metrics=[Metric(k, v, 0, 0) for k, v in report["cost"].items()])
     run_ids = {trial_id: run.info.run_id for trial_id, run in runs.items()}
     client.log_text(link.parent_run_id, trials_csv(report, paths, run_ids), "trials.csv")
-    client.log_figure(link.parent_run_id, sweep_figure(client, report, paths, run_ids), "sweep.png")
+    client.log_figure(link.parent_run_id, sweep_figure(report, paths, curves), "sweep.png")
     if front is not None:
         front = front.with_runs(run_ids)
         client.log_text(link.parent_run_id, front.csv(), "pareto.csv")
@@ -182,7 +190,15 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str], fro
     return run_ids
 
 
+def closed(run, trial: dict[str, Any]) -> bool:
+    """Whether ``end_trial_run`` has left ``run`` as ``trial`` ended: its status, and its cost
+    logged (the last writes before the status; a trial that finished sets its status itself)."""
+    return (run.info.status == RUN_STATUS.get(trial["status"], "KILLED")
+            and all(name in run.data.metrics for name in trial["cost"]))
+
+
 def end_trial_run(client, run, trial: dict[str, Any]) -> None:
+    """``run`` ended as ``trial`` did: its cost, why it stopped or failed, and its status."""
     from mlflow.entities import Metric
 
     status = RUN_STATUS.get(trial["status"], "KILLED")  # PENDING/RUNNING: cut by the time budget
@@ -212,8 +228,10 @@ def trials_csv(report: dict[str, Any], paths: list[str], run_ids: dict[str, str]
     return out.getvalue()
 
 
-def sweep_figure(client, report: dict[str, Any], paths: list[str], run_ids: dict[str, str]):
-    """The metric against each swept hyperparameter, and every trial's learning curve."""
+def sweep_figure(report: dict[str, Any], paths: list[str], curves: dict[str, dict[int, float]]):
+    """The metric against each swept hyperparameter, and the learning curves: the best
+    ``CURVES_DRAWN`` trials' as lines, every other trial's within a band (the lowest and highest
+    value at each step), so that it reads the same at 2 000 trials as at 20."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,20 +244,25 @@ def sweep_figure(client, report: dict[str, Any], paths: list[str], run_ids: dict
         points = [(t["config"].get(path), t["metrics"].get(metric)) for t in report["trials"]]
         points = [(x, y) for x, y in points if y is not None and x is not None]
         xs = [x if isinstance(x, (int, float)) else str(x) for x, _ in points]
-        axis.scatter(xs, [y for _, y in points])
+        axis.scatter(xs, [y for _, y in points], s=12 if len(points) > CURVES_DRAWN else None)
         if path.endswith(("learning_rate_base", "learning_rate")) and all(isinstance(x, float) and x > 0 for x in xs):
             axis.set_xscale("log")
         axis.set(xlabel=path.rsplit(".", 1)[-1], ylabel=metric, title=path)
         axis.grid(alpha=0.3)
-    curves = axes[0][-1]
-    for trial in report["trials"]:
-        run_id = run_ids.get(trial["trial_id"])
-        history = sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step) if run_id else []
-        if history:
-            curves.plot([m.step for m in history], [m.value for m in history], marker=".", label=trial["trial_id"])
-    curves.set(xlabel="step", ylabel=metric, title="learning curves")
-    curves.grid(alpha=0.3)
-    if curves.lines:
-        curves.legend(fontsize="small")
+    axis = axes[0][-1]
+    drawn = [trial["trial_id"] for trial in report["trials"] if curves.get(trial["trial_id"])]  # best first
+    rest = [curves[trial_id] for trial_id in drawn[CURVES_DRAWN:]]
+    if rest:
+        steps = sorted({step for curve in rest for step in curve})
+        at = [[curve[step] for curve in rest if step in curve] for step in steps]
+        axis.fill_between(steps, [min(values) for values in at], [max(values) for values in at], alpha=0.25,
+                          color="grey", label=f"the other {len(rest)}")
+    for trial_id in drawn[:CURVES_DRAWN]:
+        points = sorted(curves[trial_id].items())
+        axis.plot([step for step, _ in points], [value for _, value in points], marker=".", label=trial_id)
+    axis.set(xlabel="step", ylabel=metric, title="learning curves" + (f" (the best {CURVES_DRAWN})" if rest else ""))
+    axis.grid(alpha=0.3)
+    if drawn:
+        axis.legend(fontsize="small")
     plt.close(figure)
     return figure

@@ -15,9 +15,9 @@ Who writes the trial's MLflow run:
 - each node's first worker, that node's system metrics (``worker.NodeMonitor``, MLflow's own
   monitor, on the run this process publishes once it is open), its last sample too when this
   process says that Tune stops the trial (:func:`last_samples`);
-- the sweep's driver, at the sweep's end: the status of a run its trial could not end itself
-  (KILLED for a stopped trial), ``early_stopped`` and what the trial cost
-  (``tracking.sweep_run.close_sweep_run``).
+- the sweep's driver, as Tune completes the trial (``sweeps/closing.py``; at the sweep's end
+  what is left, ``tracking.sweep_run.close_sweep_run``): the status of a run its trial could
+  not end itself (KILLED for a stopped trial), ``early_stopped`` and what the trial cost.
 """
 
 from __future__ import annotations
