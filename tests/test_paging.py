@@ -193,7 +193,7 @@ def test_best_ranks_every_trial_of_two_sweeps_whose_runs_and_checkpoints_span_pa
     best = ranking["trials"][0]
     assert best["run_id"] == made["first"][2][0] and best["checkpoint"].startswith("models:/"), best
     assert all(trial["checkpoint"] for trial in ranking["trials"]), ranking["trials"]
-    assert len(asked) >= 3 + 3, asked  # 8 trial runs and 8 models, three a page
+    assert len(asked) >= 3 + 8, asked  # 8 trial runs three a page, and each shown trial's models
 
 
 def test_a_run_on_two_pages_is_counted_once():

@@ -85,6 +85,9 @@ def test_asha_stops_the_weaker_trials_and_the_sweep_survives_a_diverging_one(tra
         assert (run.data.tags.get("early_stopped") == "true") == (trial["status"] == "STOPPED")
     failed = client.get_run(diverged["mlflow_run_id"])
     assert "loss is NaN/Inf at step" in failed.data.tags["detsweep.error"]
+    # the stopped trial's run ended as ASHA stopped it (by the driver: sweeps/closing.py), before
+    # the next trial's run began (one trial at a time), not at the sweep's end
+    assert client.get_run(by_lr[0.00001]["mlflow_run_id"]).info.end_time < failed.info.start_time
     # a diverged training ends its run: Ray Train did not restart its workers (max_failures 2),
     # whose last checkpoint would only diverge again
     assert "detsweep.worker_failures" not in failed.data.tags, failed.data.tags

@@ -17,12 +17,11 @@ from detsweep.evaluation.objectives import Objective
 
 from .backend import Backend
 from .checkpoint_models import best_of, checkpoints, model_uri, step_of
-from .pages import every_run
+from .pages import AT_ONCE, every_run, metric_histories
 from .provenance import environment_of
 from .trial_run import INFEASIBLE_TAG, ROLE_TAG, TRIAL_TAG
 
 CURVE_METRICS = ("train/", "eval/", "eval_ema/")  # what a learning curve holds (not hparams/, system/, cost/)
-LOOKUPS_AT_ONCE = 8  # independent reads sent to the tracking server at once
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ def saved_checkpoints(client, runs: list, every: bool = False) -> dict[str, list
         for model in checkpoints(client, list({run.info.experiment_id for run in runs})):
             saved.setdefault(model.source_run_id, []).append(model)
         return saved
-    with ThreadPoolExecutor(LOOKUPS_AT_ONCE) as pool:
+    with ThreadPoolExecutor(AT_ONCE) as pool:
         found = pool.map(lambda run: checkpoints(client, [run.info.experiment_id], run.info.run_id), runs)
         return {run.info.run_id: models for run, models in zip(runs, found)}
 
@@ -156,19 +155,19 @@ def recorded_curves(client, name: str, backend: Backend, metrics: list[str]) -> 
     training and evaluation metric, merged by step: learning curves to replay. A trial stopped
     early or failed has no full curve: left out."""
     _, paths, trials, _ = _sweeps_and_trials(client, name, backend)
+    first = metric_histories(client, [(run.info.run_id, metrics[0]) for run in trials])
+    budget = {run.info.run_id: int(run.data.params.get("train.num_steps") or 0) for run in trials}
+    full = [run for run in trials  # stopped early or failed: read no more of it
+            if budget[run.info.run_id] and max(first[run.info.run_id, metrics[0]], default=-1) >= budget[run.info.run_id]]
+    others = {run.info.run_id: sorted(({key for key in run.data.metrics if key.startswith(CURVE_METRICS)}
+                                       | set(metrics[1:])) - {metrics[0]}) for run in full}
+    read = first | metric_histories(client, [(run_id, metric) for run_id, names in others.items() for metric in names])
     curves = []
-    for run in trials:
-        first = client.get_metric_history(run.info.run_id, metrics[0])
-        budget = run.data.params.get("train.num_steps")
-        if not (budget and first and max(point.step for point in first) >= int(budget)):
-            continue  # stopped early or failed: read no more of it
-        others = {key for key in run.data.metrics if key.startswith(CURVE_METRICS)} | set(metrics[1:])
-        histories = {metrics[0]: first} | {metric: client.get_metric_history(run.info.run_id, metric)
-                                           for metric in sorted(others - {metrics[0]})}
+    for run in full:
         by_step: dict[int, dict[str, float]] = {}
-        for metric, points in histories.items():
-            for point in points:
-                by_step.setdefault(point.step, {"step": point.step})[metric] = point.value
+        for metric in [metrics[0], *others[run.info.run_id]]:
+            for step, value in read[run.info.run_id, metric].items():
+                by_step.setdefault(step, {"step": step})[metric] = value
         swept = {path: _typed(value) for path, value in _swept(run, set(paths)).items()}
         curves.append((swept, [by_step[step] for step in sorted(by_step)]))
     return sorted(paths), curves

@@ -14,6 +14,7 @@ from detsweep.errors import DetsweepError
 
 from .backend import Backend
 from .best import find_experiment, sweep_runs
+from .pages import metric_histories
 from .sweep_run import RERUN_OF_TAG, TrialStatus, trial_runs
 from .trial_run import INFEASIBLE_TAG, RunLink
 
@@ -49,10 +50,10 @@ def latest_sweep(client, name: str, backend: Backend) -> tuple[RunLink, str]:
 
 def recorded_trials(client, link: RunLink, metrics: list[str]) -> list[RecordedTrial]:
     """Each trial run of the sweep at ``link``, with its ``metrics``' histories by step."""
-    return [RecordedTrial(trial_id, run, recorded_status(run),
-                          {metric: {point.step: point.value for point in client.get_metric_history(run.info.run_id, metric)}
-                           for metric in metrics})
-            for trial_id, run in sorted(trial_runs(client, link).items())]
+    runs = sorted(trial_runs(client, link).items())
+    read = metric_histories(client, [(run.info.run_id, metric) for _, run in runs for metric in metrics])
+    return [RecordedTrial(trial_id, run, recorded_status(run), {metric: read[run.info.run_id, metric] for metric in metrics})
+            for trial_id, run in runs]
 
 
 def recorded_status(run) -> TrialStatus:

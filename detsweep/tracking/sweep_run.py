@@ -16,7 +16,7 @@ import yaml
 import detsweep
 
 from .backend import Backend
-from .pages import every_run
+from .pages import AT_ONCE, every_run
 from .provenance import run_environment_tags
 from .trial_run import ERROR_TAG, INFEASIBLE_TAG, PARENT_TAG, ROLE_TAG, TRIAL_TAG, RunLink, flatten
 
@@ -60,7 +60,6 @@ class TrialStatus(str, enum.Enum):  # noqa: UP042 (StrEnum would change str() of
         return self in (TrialStatus.TERMINATED, TrialStatus.STOPPED, TrialStatus.ERROR, TrialStatus.INFEASIBLE)
 
 
-CLOSING_THREADS = 8  # runs the sweep's end closes at once
 CURVES_DRAWN = 8  # learning curves drawn as lines in sweep.png; the others' as a band
 
 # How a trial's outcome ends its MLflow run.
@@ -165,7 +164,7 @@ def close_sweep_run(link: RunLink, report: dict[str, Any], paths: list[str], cur
     runs = trial_runs(client, link)
     left = [(runs[trial["trial_id"]], trial) for trial in report["trials"]
             if trial["trial_id"] in runs and not closed(runs[trial["trial_id"]], trial)]
-    with ThreadPoolExecutor(CLOSING_THREADS) as pool:  # independent requests: the server's latency overlaps
+    with ThreadPoolExecutor(AT_ONCE) as pool:  # independent requests: the server's latency overlaps
         list(pool.map(lambda pair: end_trial_run(client, *pair), left))
     best = report.get("best")
     if best:
