@@ -28,6 +28,7 @@ BENCHMARKS = {
     "scaling_gpu": ["bench.scaling", "--gpu"],
     "early_stopping": ["bench.early_stopping"],
     "replay_settings": ["bench.replay_settings"],
+    "replay_scale": ["bench.replay_scale"],
     "tracking_server": ["bench.tracking_server"],
     "tracking_load": ["bench.tracking_load"],
 }

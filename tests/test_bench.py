@@ -32,6 +32,7 @@ RUN_BY = {"int8_export": "tests/test_int8_export.py"}
 PATH_TAKEN_BY = {"startup": "tests/test_sweep_runs.py", "early_stopping": "tests/test_sweep_runs.py",
                  "train_step": "tests/test_train.py", "scaling": "tests/test_train.py",
                  "scaling_gpu": "tests/test_train_step.py", "replay_settings": "tests/test_schedulers.py",
+                 "replay_scale": "tests/test_schedulers.py",
                  "tracking_load": "tests/test_cluster_sweeps.py"}
 
 

@@ -91,7 +91,7 @@ class SweepProgress(tune.Callback):
         self._changed = False  # since then
         self._pending: list[str] = []  # lines for above the live table, printed with its next redraw
         self._ended: deque[str] = deque(maxlen=ENDED_SHOWN)  # the last trials to end, as their lines said it
-        self.redraws, self.most_rows = 0, 0  # what the console has cost so far (bench/large_sweep.py)
+        self.redraws, self.most_rows = 0, 0  # what the console has cost so far: redraws, the most rows in one
         self.capacity = capacity
         self._waiting: dict[str, list] = {}  # the groups seen waiting at the last look
         self._said_waiting: str | None = None
