@@ -522,7 +522,7 @@ def test_the_driver_closes_each_run_as_tune_completes_its_trial_and_the_end_and_
         tmp_path, monkeypatch):
     """Completed in Tune, a stopped trial's run is KILLED and early stopped, a finished one's
     FINISHED, each with its cost; the sweep's end then closes only the two left, and makes as
-    many requests for 60 trials as for 24; ``best`` too, looking up the checkpoints of the
+    many requests for 30 trials as for 12; ``best`` too, looking up the checkpoints of the
     trials it shows only."""
     from mlflow import MlflowClient
 
@@ -532,7 +532,7 @@ def test_the_driver_closes_each_run_as_tune_completes_its_trial_and_the_end_and_
 
     monkeypatch.setattr("mlflow.MlflowClient", CountingClient)
     requests = {}
-    for count in (24, 60):  # the two left open finished in both
+    for count in (12, 30):  # the two left open finished in both
         folder = tmp_path / str(count)
         link, trials, report = a_sweep_of_stand_in_trials(folder, count)
         runs = trial_runs(MlflowClient(link.uri), link)
@@ -549,11 +549,11 @@ def test_the_driver_closes_each_run_as_tune_completes_its_trial_and_the_end_and_
         assert (len(drawn.lines), len(drawn.collections), len(drawn.get_legend().texts)) == (8, 1, 9)
         assert {run.info.status for run in trial_runs(MlflowClient(link.uri), link).values()} == {"FINISHED", "KILLED"}
         backend = resolve_backend(TrackingConfig(), cwd=folder)
-        ranking = rank_trials(CountingClient(link.uri), "quickstart", backend, top=20)
-        assert CountingClient.calls.count("search_logged_models") == 20  # the trials shown, each looked up
+        ranking = rank_trials(CountingClient(link.uri), "quickstart", backend, top=10)
+        assert CountingClient.calls.count("search_logged_models") == 10  # the trials shown, each looked up
         requests[count].append(CountingClient(link.uri).counted())
-        assert len(ranking.to_dict()["trials"]) == 20 and ranking.to_dict()["ranked"] == count
-    assert requests[24] == requests[60], requests
+        assert len(ranking.to_dict()["trials"]) == 10 and ranking.to_dict()["ranked"] == count
+    assert requests[12] == requests[30], requests
 
 
 def test_best_ranks_several_sweeps_of_one_experiment_by_any_metric_and_mode(tmp_path):
