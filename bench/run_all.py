@@ -29,6 +29,7 @@ BENCHMARKS = {
     "early_stopping": ["bench.early_stopping"],
     "replay_settings": ["bench.replay_settings"],
     "replay_scale": ["bench.replay_scale"],
+    "large_sweep": ["bench.large_sweep"],
     "tracking_server": ["bench.tracking_server"],
     "tracking_load": ["bench.tracking_load"],
 }

@@ -27,12 +27,13 @@ RUN_BY = {"int8_export": "tests/test_int8_export.py"}
 # start and resume, a sweep under FIFO and under halving (its rerun over seeds:
 # tests/test_pareto_sweep.py), the loop with and without Ray Train and on two workers, two
 # logical devices standing in for GPUs, a scheduler replayed on recorded curves, a tracking
-# server restarted under a trial's writes. ``make bench-smoke``
+# server restarted under a trial's writes, a sweep through the driver (large_sweep: only its
+# stand-in training is its own, and a smoke run of it costs minutes). ``make bench-smoke``
 # runs them; the suite does not pay for them twice.
 PATH_TAKEN_BY = {"startup": "tests/test_sweep_runs.py", "early_stopping": "tests/test_sweep_runs.py",
                  "train_step": "tests/test_train.py", "scaling": "tests/test_train.py",
                  "scaling_gpu": "tests/test_train_step.py", "replay_settings": "tests/test_schedulers.py",
-                 "replay_scale": "tests/test_schedulers.py",
+                 "replay_scale": "tests/test_schedulers.py", "large_sweep": "tests/test_sweep_runs.py",
                  "tracking_load": "tests/test_cluster_sweeps.py"}
 
 
