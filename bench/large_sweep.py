@@ -306,8 +306,10 @@ def one_sweep(count: int, storage: str, tracking_uri: str, address: str, reuse: 
 def head_share(trials: int, budget_s: int, storage: str, tracking_uri: str, address: str) -> list[list]:
     """Real trials (Ray Train, quickstart's training), ``trials`` at once until ``budget_s``:
     per kind of process, how many per running trial and the unique MB of each, at the samples
-    where every trial ran. Trial, channel and controller stay on the head; the workers go where
-    their resources are (GPU nodes on a cluster)."""
+    where every trial ran. The trial's process, its channel and Ray Train's controller run on the
+    head; the workers go where their resources are (GPU nodes on a cluster). On this one machine
+    every process is on the head, so the table says what is not a training worker, not where
+    Ray Train places its helpers on a cluster."""
     from detsweep.sweeps.launch import launch
     from detsweep.sweeps.spec import load_sweep
 
@@ -320,7 +322,7 @@ def head_share(trials: int, budget_s: int, storage: str, tracking_uri: str, addr
     probe.stop()
     if not any(sample["running"] == trials for sample in probe.samples):
         raise SystemExit(f"no sample had {trials} trials running at once within {budget_s} s")
-    rows = [["process", "on the head", "per running trial", "MB each (unique)"]]
+    rows = [["process", "beside its training worker", "per running trial", "MB each (unique)"]]
     for kind, (per_trial, each) in per_trial_on_head(probe.samples, trials).items():
         rows.append([kind, kind != "RayTrainWorker", per_trial, each])
     return rows
@@ -401,50 +403,54 @@ def tracking(sqlite: bool, folder: Path) -> Iterator[tuple[str, str, dict[str, s
         yield stack.uri, f"s3://{bucket}/ray", {**stack.client_env, **stack.s3.env}
 
 
+def sweep_entry(measured: list[dict], sqlite: bool, reuse: bool, notes: list[str] = ()) -> tuple[str, Entry]:
+    """The sweeps' record: a column per size (growth reads across), the targets at the largest."""
+    header = ["trials", *[row["trials"] for row in measured]]
+    largest = measured[-1]
+    targets = [Target(f"{what} at {largest['trials']} trials", f"<= {goal}", largest[what], largest[what] <= goal)
+               for what, goal in TARGETS.items()] + [
+        Target(f"runs left open at {largest['trials']} trials", "== 0", largest["runs_open"], largest["runs_open"] == 0),
+        Target(f"lost writes at {largest['trials']} trials", "== 0", largest["lost_writes"], largest["lost_writes"] == 0)]
+    return "large_sweep" + ("_sqlite" if sqlite else "") + ("_reused" if reuse else ""), Entry(
+        title=f"A simulated sweep through the real driver, {'SQLite' if sqlite else 'the cluster stack'}"
+              f"{', reused actors' if reuse else ''} (bench/large_sweep.py)",
+        settings={"curves": "bench/curves.json", "search": "optuna (TPE)", "scheduler": ASHA, "at_once": AT_ONCE,
+                  "report_every_s": SECONDS_PER_REPORT, "checkpoint_mb": CHECKPOINT_MB,
+                  "ray": f"ray start --head, {AT_ONCE} logical CPUs", "tracking": "sqlite" if sqlite else
+                  "MLflow basic-auth server over HTTPS, PostgreSQL, S3 (moto)", "reused_actors": reuse},
+        rows=[header, *[[key, *[row[key] for row in measured]] for key in measured[0] if key != "trials"]],
+        targets=targets, notes=list(notes))
+
+
 def main() -> None:
     parser = arguments(__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", help="trials per sweep (default 200 1000 2000)")
+    parser.add_argument("--sizes", type=int, nargs="*", help="trials per sweep (default 200 1000 2000; none: "
+                        "only the head's share)")
     parser.add_argument("--sqlite", action="store_true", help="MLflow's embedded SQLite instead of the cluster's stack")
     parser.add_argument("--reuse", action="store_true", help="Tune reuses trial actors")
     parser.add_argument("--head-trials", type=int, default=None, help="real trials at once for the head's share "
                         "(default 4; 0: not measured)")
     args = parser.parse_args()
-    sizes = args.sizes or ([40] if args.smoke else [200, 1000, 2000])
+    sizes = ([40] if args.smoke else [200, 1000, 2000]) if args.sizes is None else args.sizes
+    head_trials = (2 if args.smoke else 4) if args.head_trials is None else args.head_trials
     folder = Path(tempfile.mkdtemp(prefix="bench-large-"))
     folder.chmod(0o755)  # postgres reads its folder in it
     measured = []
     try:
         with tracking(args.sqlite, folder) as (uri, storage, env), mock.patch.dict(os.environ, env), \
                 ray_head(env, folder) as address:
-            for count in sizes:
+            for count in sizes:  # recorded at each size: a long run cut short keeps what it measured
                 measured.append(one_sweep(count, storage, uri, address, args.reuse, folder))
                 print(json.dumps(measured[-1]), flush=True)
-            head_trials = 2 if args.smoke and args.head_trials is None else (4 if args.head_trials is None
-                                                                              else args.head_trials)
-            share = head_share(head_trials, 120 if args.smoke else 240, storage, uri, address) if head_trials else None
+                record(*sweep_entry(measured, args.sqlite, args.reuse), args.out)
+            if head_trials:
+                record("head_share", Entry(
+                    title="The head's share of a running trial, real trials (bench/large_sweep.py)",
+                    settings={"trials_at_once": head_trials, "config": "bench/curves_sweep.yaml's base (quickstart)",
+                              "ray": f"ray start --head, {AT_ONCE} logical CPUs"},
+                    rows=head_share(head_trials, 120 if args.smoke else 180, storage, uri, address)), args.out)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    header = ["trials", *[row["trials"] for row in measured]]  # a column per size: growth reads across
-    largest = measured[-1]
-    targets = [Target(f"{what} at {largest['trials']} trials", f"<= {goal}", largest[what], largest[what] <= goal)
-               for what, goal in TARGETS.items()] + [
-        Target(f"runs left open at {largest['trials']} trials", "== 0", largest["runs_open"], largest["runs_open"] == 0),
-        Target(f"lost writes at {largest['trials']} trials", "== 0", largest["lost_writes"], largest["lost_writes"] == 0)]
-    record("large_sweep" + ("_sqlite" if args.sqlite else "") + ("_reused" if args.reuse else ""), Entry(
-        title=f"A simulated sweep through the real driver, {'SQLite' if args.sqlite else 'the cluster stack'}"
-              f"{', reused actors' if args.reuse else ''} (bench/large_sweep.py)",
-        settings={"curves": "bench/curves.json", "search": "optuna (TPE)", "scheduler": ASHA, "at_once": AT_ONCE,
-                  "report_every_s": SECONDS_PER_REPORT, "checkpoint_mb": CHECKPOINT_MB,
-                  "ray": f"ray start --head, {AT_ONCE} logical CPUs", "tracking": "sqlite" if args.sqlite else
-                  "MLflow basic-auth server over HTTPS, PostgreSQL, S3 (moto)", "reused_actors": args.reuse},
-        rows=[header, *[[key, *[row[key] for row in measured]] for key in measured[0] if key != "trials"]],
-        targets=targets), args.out)
-    if share:
-        record("head_share", Entry(
-            title="The head's share of a running trial, real trials (bench/large_sweep.py)",
-            settings={"trials_at_once": head_trials, "config": "bench/curves_sweep.yaml's base (quickstart)",
-                      "ray": f"ray start --head, {AT_ONCE} logical CPUs"},
-            rows=share), args.out)
 
 
 if __name__ == "__main__":

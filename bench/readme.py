@@ -133,6 +133,26 @@ def demo_anywhere(entry: dict) -> str:
     return f"{minutes(quiet)}; {minutes(busy)}, {same}"
 
 
+def large_sweep(entry: dict) -> str:
+    """Each figure at every recorded size, smallest first."""
+    def at(name: str, form: Callable[[float], str]) -> str:
+        return " and ".join(form(value) for value in cells(entry, name)[1:])
+
+    def seconds(value: float) -> str:
+        return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+    return (f"{at('driver_share_of_core', percent)}; {at('console_share_of_core', lambda v: f'{v * 100:.1f} %')}; "
+            f"{at('delay_median_s', seconds)}; {at('end_s', seconds)}; {at('status_s', seconds)}, "
+            f"{at('best_s', seconds)}")
+
+
+def head_share(entry: dict) -> str:
+    """Processes beside the training worker per running trial, and their unique memory."""
+    beside = [row for row in entry["rows"][1:] if row[1]]
+    processes = sum(row[2] for row in beside)
+    return f"{processes:.1f} processes, {sum(row[2] * row[3] for row in beside) / 1024:.2f} GiB"
+
+
 # (what was measured, the entry it was recorded as, how its figure is read from it)
 FIGURES: list[tuple[str, str, Figure]] = [
     ("detsweep's loop against Keras `model.fit` (same model, data and batch; glibc's malloc)",
@@ -164,6 +184,11 @@ FIGURES: list[tuple[str, str, Figure]] = [
      "tracking_load", tracking_load),
     ("the MLflow server with credentials cached 60 s against MLflow's default", "tracking_server",
      tracking_server),
+    ("a sweep through the real driver on the cluster's stack, training a stand-in, 32 trials at once, at 50 and 200 "
+     "trials: the driver's share of a core; the console's; a report to Tune's decision (median); the sweep's end; "
+     "`status`, `best`", "large_sweep", large_sweep),
+    ("the head's share of each running trial (4 real trials at once): processes beside its training worker, "
+     "their unique memory", "head_share", head_share),
     ("`make test` from a clean clone, install included; the machine's gauges before it: a Python loop, "
      "a bare process's fork to its first training step", "suite", suite),
     ("`make demo` after that (the venv made): the quickstart sweep, 4 trials", "suite", demo),
