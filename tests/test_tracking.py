@@ -188,6 +188,33 @@ def test_a_checkpoint_write_retried_after_a_failure_part_way_finishes_the_same_m
         assert client.list_logged_model_artifacts(model.model_id)[0].path == "meta.json"
 
 
+def test_a_trial_run_its_first_start_left_without_config_gets_it_at_its_reopening(tmp_path):
+    """A driver killed as its trials opened their runs: a run made, then nothing (no params,
+    no config, no datasets). The resumed trial finds it and writes what is missing."""
+    from mlflow import MlflowClient
+
+    from detsweep.sweeps.experiment import as_run
+    from detsweep.sweeps.spec import load_sweep
+
+    sweep = load_sweep(QUICKSTART_SWEEP)
+    backend = resolve_backend(TrackingConfig(), cwd=tmp_path)
+    link = open_sweep_run(sweep, str(tmp_path / "ray" / "quickstart"), backend, as_run(sweep))
+    trial = TrialIdentity("t_00000", "trial_t_00000", {}, "eval/AP_best", "max")
+    client = MlflowClient(backend.uri)
+    killed = TrialRun(link, trial, sweep.base)
+    killed.writer.close(30)
+    client.delete_run(killed.run_id)  # (only to get the tags a trial's run is made with)
+    bare = client.create_run(link.experiment_id, run_name=trial.name, tags=killed.tags).info.run_id
+
+    resumed = TrialRun(link, trial, sweep.base, start_step=10)
+    resumed.finish()
+    assert resumed.run_id == bare
+    run = client.get_run(bare)
+    assert run.data.params["train.num_steps"] == str(sweep.base.train.num_steps)
+    assert {i.tags[0].value for i in run.inputs.dataset_inputs} == {"training", "validation"}
+    assert "config.yaml" in {a.path for a in client.list_artifacts(bare)}
+
+
 def test_a_reopened_trial_run_continues_without_duplicate_params_or_steps(tmp_path):
     import ray.train
     from mlflow import MlflowClient

@@ -144,6 +144,14 @@ class TrialRun:
             run = find_trial_run(self.client, self.link, self.trial_id)
             if run is not None:
                 self._reopen(run)
+                # A first start killed before it wrote its config (a driver killed as its trials
+                # opened their runs): written now; a run that has its params keeps them (PBT's
+                # next values are its hparams/ metrics, and params cannot change).
+                if not run.data.params:
+                    self._log_config()
+                elif not (run.inputs and run.inputs.dataset_inputs):
+                    self._log_datasets()
+                self.reopened = True
                 return
             self.run_id = self.client.create_run(self.link.experiment_id, run_name=self.trial_name,
                                                  tags=self.tags).info.run_id
@@ -154,14 +162,15 @@ class TrialRun:
 
     def _reopen(self, run) -> None:
         """A resumed trial's run: where it got to. ``run_id`` is set last, so a retry after a
-        failed read finds the run again rather than skipping what was not read."""
+        failed read finds the run again rather than skipping what was not read; ``reopened`` is
+        set once what its first start left unwritten is written (a retry writes the config)."""
         self.client.update_run(run.info.run_id, status="RUNNING")
         history = self.client.get_metric_history(run.info.run_id, "train/loss")
         self.steps = NewSteps(max((m.step for m in history), default=-1))
         self.replayed = ReplayedSteps.parse(run.data.tags.get(REPLAYED_TAG, ""))
         failures = run.data.tags.get(WORKER_FAILURES_TAG)
         self.earlier_failures = int(failures.split(":")[0]) if failures else 0
-        self.run_id, self.reopened = run.info.run_id, True
+        self.run_id = run.info.run_id
         self.opened.set()
 
     def _log_config(self) -> None:
