@@ -246,7 +246,9 @@ def ending_on_stop(function: Callable[[dict[str, Any]], None]) -> type:
     time budget) with ``stop``, which releases the trial's thread at its report (SystemExit
     there) and returns; Tune then ends the process, threads and all. Ending the trial in
     ``stop`` first gives the trial's own writer the time to upload what it reported: nobody
-    else uploads its checkpoints. ``function`` may carry its resources (``tune.with_resources``)."""
+    else uploads its checkpoints. Tune reusing the actor for another trial (``reuse_actors``, as
+    ``bench/large_sweep.py --reuse`` does) ends the trial the same way first.
+    ``function`` may carry its resources (``tune.with_resources``)."""
 
     class Trial(wrap_function(function)):  # with ``function``'s resources (``tune.with_resources``)
         def cleanup(self) -> None:
@@ -255,6 +257,13 @@ def ending_on_stop(function: Callable[[dict[str, Any]], None]) -> type:
             finally:
                 if TrialEnd.current is not None:
                     TrialEnd.current()
+
+        def reset_config(self, new_config: dict[str, Any]) -> bool:
+            # Tune hands this actor the next trial (``reuse_actors``) once this one's thread is
+            # gone, and waits for it only a moment: the trial ends first, as at a stop.
+            if TrialEnd.current is not None:
+                TrialEnd.current()
+            return super().reset_config(new_config)
 
     Trial.__qualname__ = TRIAL_ACTOR
     return Trial
