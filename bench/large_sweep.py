@@ -19,7 +19,10 @@ a local folder. ``--reuse``: Tune reuses trial actors (no process start per tria
 
 Measured per size: the sweep's wall time, the driver's CPU seconds and peak memory, the
 console's redraws, most rows and time per redraw, the delay from a trial's report to Tune's
-callbacks (after the scheduler decided), TPE's suggestion time, the sweep's end (``finish``),
+callbacks (after the scheduler decided) with the share of the sweep Tune's loop ran and the
+share it was ready but waited for a core (the kernel's schedstat: on 2 cores loaded by 32
+trials, what the delay is made of), the machine's load average, TPE's suggestion time, the
+sweep's end (``finish``),
 writes lost and runs left open, then ``status``, ``best`` and ``importance`` as commands, and
 the head's processes and memory per running trial (trial actors, run channels).
 """
@@ -30,6 +33,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,6 +55,9 @@ SECONDS_PER_REPORT = 0.2  # a trial's 15 reports in 3 s: trials of a few seconds
 CHECKPOINT_MB = 2
 CHECKPOINT_EVERY = 60
 ASHA = "{type: asha, grace_period: 60, reduction_factor: 3}"
+# Tune waits 2 s for a reused actor's last trial to end, then fails the next trial; a trial's
+# end (its run closed, its monitor's last samples) takes longer on 2 cores loaded by 32 trials.
+REUSED = {"TUNE_FUNCTION_THREAD_TIMEOUT_S": "60"}
 TARGETS = {"delay_median_s": 1.0, "console_share_of_core": 0.05, "end_s": 120.0, "status_s": 10.0, "best_s": 10.0}
 
 
@@ -136,10 +143,21 @@ class Probe:
         self.delays: list[float] = []
         self.running = 0
         self.samples: list[dict] = []
+        self.loads: list[float] = []  # the machine's load average, every 5 s
         self.driver = psutil.Process()
         self.peak_rss = 0
+        # Tune's loop (this, the main thread): its seconds run and seconds waiting for a core
+        self._loop = Path(f"/proc/{os.getpid()}/task/{threading.main_thread().native_id}/schedstat")
+        self._loop_start = self.loop_times()
         self._stop = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
+
+    def loop_times(self) -> tuple[float, float]:
+        """Seconds Tune's loop ran and seconds it was ready but waited for a core (the kernel's
+        schedstat), since this probe began."""
+        ran, waited = (int(field) / 1e9 for field in self._loop.read_text().split()[:2])
+        start = getattr(self, "_loop_start", (0.0, 0.0))
+        return ran - start[0], waited - start[1]
 
     def callback(self) -> ProbeCallback:
         from bench.large_sweep import ProbeCallback  # by name, not as __main__'s (Tune pickles callbacks)
@@ -150,6 +168,7 @@ class Probe:
 
         while not self._stop.wait(5.0):
             self.peak_rss = max(self.peak_rss, self.driver.memory_info().rss)
+            self.loads.append(os.getloadavg()[0])
             if self.running:
                 self.samples.append({"running": self.running, **head_processes()})
 
@@ -284,6 +303,7 @@ def one_sweep(count: int, storage: str, tracking_uri: str, address: str, reuse: 
             report = launching.launch(sweep, address=address, register=True, callbacks=[probe.callback()])
     wall = time.perf_counter() - started
     probe.stop()
+    loop_ran, loop_waited = probe.loop_times()
     cpu = sum(driver.cpu_times()[:2]) - cpu_before
     progress = MeasuredProgress.made[0]
     redraws = progress.draw_seconds
@@ -296,9 +316,12 @@ def one_sweep(count: int, storage: str, tracking_uri: str, address: str, reuse: 
             "redraw_ms": 1000 * statistics.median(redraws) if redraws else 0.0,
             "console_share_of_core": progress.cpu_seconds / wall,
             "delay_median_s": statistics.median(probe.delays), "delay_p95_s": quantile(probe.delays, 0.95),
+            "loop_share_of_core": loop_ran / wall, "loop_waiting_for_core_share": loop_waited / wall,
+            "load_average_median": statistics.median(probe.loads) if probe.loads else float("nan"),
             "suggest_ms_first": 1000 * statistics.median(suggest.seconds[:50]),
             "suggest_ms_last": 1000 * statistics.median(suggest.seconds[-50:]),
             "end_s": finish.seconds[0], **closed, **timings,
+            "trials_failed": sum(trial["status"] == "ERROR" for trial in report["trials"]),
             "head_processes_per_trial": sum(count for count, _ in on_head.values()),
             "head_mb_per_trial": sum(count * each for count, each in on_head.values())}
 
@@ -361,14 +384,24 @@ def runs_left_open(report: dict) -> dict[str, int]:
             "lost_writes": sum(bool(run.data.tags.get("detsweep.lost_writes")) for run in runs)}
 
 
+PROFILES = os.environ.get("BENCH_PROFILES")  # a folder: each command run once more under cProfile, saved there
+
+
 def command_seconds(command: list[str], tracking_uri: str, folder: Path) -> float:
     """Seconds for ``detsweep COMMAND…`` as a user runs it, with the sweep's tracking server."""
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "detsweep", *command], cwd=folder, capture_output=True, text=True,
-                            env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri})
+    run_command(command, tracking_uri, folder)
+    seconds = time.perf_counter() - started
+    if PROFILES:
+        run_command(command, tracking_uri, folder, ["-m", "cProfile", "-o", f"{PROFILES}/{command[0]}.prof"])
+    return seconds
+
+
+def run_command(command: list[str], tracking_uri: str, folder: Path, python: list[str] = ()) -> None:
+    result = subprocess.run([sys.executable, *python, "-m", "detsweep", *command], cwd=folder, capture_output=True,
+                            text=True, env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri})
     if result.returncode != 0:
         raise SystemExit(f"detsweep {' '.join(command)} failed: {result.stderr[-2000:]}")
-    return time.perf_counter() - started
 
 
 @contextlib.contextmanager
@@ -433,12 +466,14 @@ def main() -> None:
     args = parser.parse_args()
     sizes = ([40] if args.smoke else [200, 1000, 2000]) if args.sizes is None else args.sizes
     head_trials = (2 if args.smoke else 4) if args.head_trials is None else args.head_trials
+    # ``timeout`` or a CI's cancel: the stack's servers, the Ray head and the folder still go
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     folder = Path(tempfile.mkdtemp(prefix="bench-large-"))
     folder.chmod(0o755)  # postgres reads its folder in it
     measured = []
     try:
         with tracking(args.sqlite, folder) as (uri, storage, env), mock.patch.dict(os.environ, env), \
-                ray_head(env, folder) as address:
+                ray_head({**env, **(REUSED if args.reuse else {})}, folder) as address:
             for count in sizes:  # recorded at each size: a long run cut short keeps what it measured
                 measured.append(one_sweep(count, storage, uri, address, args.reuse, folder))
                 print(json.dumps(measured[-1]), flush=True)
