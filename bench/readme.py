@@ -188,7 +188,7 @@ FIGURES: list[tuple[str, str, Figure]] = [
      "trials: the driver's share of a core; the console's; a report to Tune's decision (median); the sweep's end; "
      "`status`, `best`", "large_sweep", large_sweep),
     ("the same on MLflow's embedded SQLite with Tune reusing each trial's actor (no process start a trial), at 200 "
-     "trials: the same figures", "large_sweep_sqlite_reused", large_sweep),
+     "and 2 000 trials: the same figures", "large_sweep_sqlite_reused", large_sweep),
     ("the head's share of each running trial (4 real trials at once): processes beside its training worker, "
      "their unique memory", "head_share", head_share),
     ("`make test` from a clean clone, install included; the machine's gauges before it: a Python loop, "
