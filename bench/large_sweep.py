@@ -148,16 +148,18 @@ class Probe:
         self.peak_rss = 0
         # Tune's loop (this, the main thread): its seconds run and seconds waiting for a core
         self._loop = Path(f"/proc/{os.getpid()}/task/{threading.main_thread().native_id}/schedstat")
-        self._loop_start = self.loop_times()
+        self._loop_start = self._schedstat()
         self._stop = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
 
     def loop_times(self) -> tuple[float, float]:
         """Seconds Tune's loop ran and seconds it was ready but waited for a core (the kernel's
         schedstat), since this probe began."""
-        ran, waited = (int(field) / 1e9 for field in self._loop.read_text().split()[:2])
-        start = getattr(self, "_loop_start", (0.0, 0.0))
-        return ran - start[0], waited - start[1]
+        (ran, waited), (ran_before, waited_before) = self._schedstat(), self._loop_start
+        return ran - ran_before, waited - waited_before
+
+    def _schedstat(self) -> tuple[float, float]:
+        return tuple(int(field) / 1e9 for field in self._loop.read_text().split()[:2])
 
     def callback(self) -> ProbeCallback:
         from bench.large_sweep import ProbeCallback  # by name, not as __main__'s (Tune pickles callbacks)

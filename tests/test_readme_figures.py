@@ -176,9 +176,11 @@ def reused_sweep() -> tuple:
         return " and ".join(form.format(value) for value in row("large_sweep_sqlite_reused", name)[1:])
 
     sizes = " and ".join(f"{size:,}".replace(",", " ") for size in entry("large_sweep_sqlite_reused")["rows"][0][1:])
-    return (sizes, at("wall_s", "{:.0f} s"), at("driver_share_of_core", "{:.0%}").replace("%", " %"),
-            at("console_share_of_core", "{:.1%}").replace("%", " %"), at("delay_median_s", "{:.2f} s"),
-            at("delay_p95_s", "{:.1f} s"), at("loop_waiting_for_core_share", "{:.0%}").replace("%", " %"),
+    def shares(name: str, form: str = "{:.0%}") -> str:
+        return at(name, form).replace("%", " %")
+
+    return (sizes, at("wall_s", "{:.0f} s"), shares("driver_share_of_core"), shares("console_share_of_core", "{:.1%}"),
+            at("delay_median_s", "{:.2f} s"), at("delay_p95_s", "{:.1f} s"), shares("loop_waiting_for_core_share"),
             at("load_average_median", "{:.0f}"), at("end_s", "{:.1f} s"), at("status_s", "{:.1f} s"),
             at("best_s", "{:.1f} s"), at("importance_s", "{:.1f} s"), at("runs_open", "{}"), at("lost_writes", "{}"))
 
